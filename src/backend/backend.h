@@ -1,0 +1,192 @@
+// The backend op interface: everything the model computes goes through these calls, and the
+// model is written once against them (model/). Two implementations: backend/cpu (the oracle:
+// plain loops, fp32 activations and accumulation, OpenMP) and backend/cuda (kernels, cuBLASLt,
+// graphs). Performance tricks live inside the ops; the op set is chosen so that the fusions a
+// fast backend wants (stacked q|k|v and gate|up Linears, bias/activation/residual epilogues,
+// q/k-norm + M-RoPE + KV store in one pass) are expressible without the model knowing.
+//
+// Conventions:
+// - Tensors are contiguous row-major views on this backend's device (core/tensor.h).
+// - Activations have dtype activation_dtype() (F32 on CPU, BF16 on CUDA); weights keep their
+//   checkpoint dtype (BF16, or FP8 E4M3 + block scales); reductions accumulate in fp32.
+// - Ops are asynchronous on the backend's stream; copy_to_host and synchronize() wait.
+// - Shapes are checked with QVL_CHECK: a mismatch is a bug in the caller, not user input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace qvl {
+
+// One checkpoint Linear: weight [out, in] (BF16/F32, or F8E4M3 with scale_inv
+// [ceil(out/B), ceil(in/B)] F32/BF16, the dequantisation multiplier of each B x B block).
+struct LinearPart {
+  Tensor weight;
+  Tensor scale_inv;  // empty unless weight is F8E4M3
+};
+
+// A Linear as the model uses it: out = x · Wᵀ + bias, where W is the parts stacked along the
+// output dimension (q|k|v, gate|up). A backend may merge the parts into one buffer.
+struct LinearWeight {
+  std::vector<LinearPart> parts;
+  Tensor bias;  // [out_features] or empty
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+  int block_size = 128;  // FP8 block edge (weight_block_size), both dims
+
+  bool is_fp8() const { return !parts.empty() && parts[0].weight.dtype == DType::kF8E4M3; }
+};
+
+enum class Activation : uint8_t {
+  kNone,
+  kGeluTanh,  // gelu_pytorch_tanh: 0.5z(1 + tanh(sqrt(2/pi)(z + 0.044715 z^3)))
+  kGeluErf,   // nn.GELU(): 0.5z(1 + erf(z / sqrt 2))
+};
+
+// out = act(x · Wᵀ + bias) + residual   (residual may alias out; empty = none)
+struct Epilogue {
+  Activation act = Activation::kNone;
+  Tensor residual;
+};
+
+// Shape of the text attention (grouped-query: q head i reads kv head i / (Hq/Hkv)).
+struct TextAttentionShape {
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// M-RoPE parameters: inv_freq[j] = 1 / theta^(2j/head_dim), and axis(j) in {0:T, 1:H, 2:W}.
+struct MropeSpec {
+  std::vector<float> inv_freq;   // head_dim / 2 entries
+  std::vector<uint8_t> axis;     // head_dim / 2 entries
+};
+
+// The paged KV cache: one region of `num_pages` pages; a page holds `page_size` tokens of
+// every layer: page p, layer l, K then V, each [page_size, Hkv, head_dim].
+struct KvCacheView {
+  void* base = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t num_pages = 0;
+  int page_size = 16;
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  size_t token_bytes_per_layer() const {
+    return static_cast<size_t>(num_kv_heads) * head_dim * dtype_size(dtype);
+  }
+  size_t layer_bytes() const { return 2 * token_bytes_per_layer() * page_size; }  // K and V
+  size_t page_bytes() const { return layer_bytes() * num_layers; }
+};
+
+// One forward step over a batch of sequences (prefill chunks and decode tokens mixed). Every
+// tensor is a device tensor the caller filled; the CUDA backend captures graphs over them, so
+// their addresses stay fixed across steps of one bucket.
+struct TextBatch {
+  int num_seqs = 0;
+  int num_tokens = 0;          // rows of this step, all sequences together
+  int max_pages_per_seq = 0;   // columns of page_table
+  int max_context = 0;         // host-side bound on context_len, for work partitioning
+  Tensor query_start;          // I32 [num_seqs + 1]: rows of sequence s are [qs[s], qs[s+1])
+  Tensor context_len;          // I32 [num_seqs]: tokens in the cache after this step's writes
+  Tensor page_table;           // I32 [num_seqs, max_pages_per_seq]
+  Tensor slots;                // I32 [num_tokens]: page * page_size + offset for each new token
+  Tensor positions;            // I32 [num_tokens, 3]: M-RoPE (T, H, W) positions
+};
+
+// Non-causal attention over independent segments (one per image / temporal slice).
+struct VisionSegments {
+  Tensor cu_seqlens;  // I32 [num_segments + 1] on device
+  std::vector<int32_t> host_cu_seqlens;  // same values, for work partitioning
+  int max_seqlen = 0;
+};
+
+// Owned device memory. Freed by the backend that made it when the last copy goes away.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* data, size_t size, std::shared_ptr<void> owner)
+      : data_(data), size_(size), owner_(std::move(owner)) {}
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::shared_ptr<void> owner_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // ---- memory ----
+  // Allocates `bytes` of device memory; a resource-exhausted Status when it cannot.
+  virtual Result<DeviceBuffer> allocate(size_t bytes, const std::string& tag) = 0;
+  virtual void copy_to_device(Tensor dst, const void* host_src) = 0;
+  virtual void copy_to_host(void* host_dst, const Tensor& src) = 0;  // waits for the copy
+  virtual void copy(Tensor dst, const Tensor& src) = 0;              // device to device
+  virtual void synchronize() = 0;
+
+  // ---- weights ----
+  // Makes a host tensor (e.g. a view into an mmap'd checkpoint) usable by this backend,
+  // converted to `as` (the CPU backend returns the view itself when no conversion is needed).
+  virtual Result<Tensor> load_tensor(const Tensor& host, DType as) = 0;
+  // Makes host Linear parts (+ optional bias) usable by this backend; weights keep their dtype.
+  virtual Result<LinearWeight> load_linear(std::span<const LinearPart> host_parts, const Tensor& host_bias,
+                                           int block_size) = 0;
+
+  // ---- ops ----
+  // out[i] = table[ids[i]]                    out [n, H], table [V, H], ids I32 [n]
+  virtual void embedding(Tensor out, const Tensor& table, const Tensor& ids) = 0;
+  // x[rows[i]] = src[i] (accumulate: +=)       x [n, H], rows I32 [m], src [m, H]
+  virtual void scatter_rows(Tensor x, const Tensor& rows, const Tensor& src, bool accumulate) = 0;
+  // RMSNorm over the last dim (= weight size), per row: w * (x / sqrt(mean(x^2) + eps)).
+  virtual void rms_norm(Tensor out, const Tensor& x, const Tensor& weight, float eps) = 0;
+  // LayerNorm over the last dim with affine weight and bias, biased variance.
+  virtual void layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) = 0;
+  // out = act(x · Wᵀ + b) + residual          out [n, out_features], x [n, in_features]
+  virtual void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) = 0;
+  // out = silu(gate_up[:, :I]) * gate_up[:, I:]   out [n, I], gate_up [n, 2I]
+  virtual void silu_mul(Tensor out, const Tensor& gate_up) = 0;
+  // x += Σ_k w[i,k] · table[idx[i,k]]          x [n, D], table [P, D], idx I32 [n, 4], w F32 [n, 4]
+  virtual void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) = 0;
+
+  // Vision: rotate q and k of packed qkv [N, 3·nh·dh] in place with the 2-D rotary table
+  // rope [N, 2, dh] (F32: cos then sin); x' = x·cos + rotate_half(x)·sin.
+  virtual void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) = 0;
+  // Vision: softmax(q·kᵀ·scale)·v inside each segment (non-causal), from packed qkv.
+  // out [N, nh·dh]
+  virtual void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads,
+                                int head_dim, float scale) = 0;
+
+  // Text: for packed qkv [n, (Hq + 2·Hkv)·dh]: RMSNorm each q and k head (q_norm, k_norm
+  // [dh]), apply interleaved M-RoPE at batch.positions, store k and v into the cache at
+  // batch.slots. q is left normalised and rotated in place.
+  virtual void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                const MropeSpec& rope, const TextBatch& batch, const KvCacheView& cache,
+                                int layer, const TextAttentionShape& shape) = 0;
+  // Text: causal attention of each new row over its sequence's cached tokens
+  // (row at absolute position p sees cache tokens [0, p]). out [n, Hq·dh].
+  virtual void text_attention(Tensor out, const Tensor& qkv, const TextBatch& batch, const KvCacheView& cache,
+                              int layer, const TextAttentionShape& shape, float scale) = 0;
+  // out[i] = x[rows[i]]                        out [m, H], rows I32 [m]
+  virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;
+};
+
+// Makes the CPU backend (always available).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+
+}  // namespace qvl

