@@ -1,0 +1,103 @@
+// Activation terms of the vision encoder and the decoder step, checked against the buffer list
+// of memory/activations.h written out as arithmetic for Qwen3-VL-4B (spec §1.1: D 1024, F 4096,
+// O 2560, 16 heads of 64, deepstack 3; H 2560, Hq 32, Hkv 8, dh 128, I 9728, V 151936).
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "memory/activations.h"
+
+namespace qvl {
+namespace {
+
+ModelConfig config_4b() {
+  ModelConfig c;
+  c.text.hidden_size = 2560;
+  c.text.num_hidden_layers = 36;
+  c.text.num_attention_heads = 32;
+  c.text.num_key_value_heads = 8;
+  c.text.head_dim = 128;
+  c.text.intermediate_size = 9728;
+  c.vision.out_hidden_size = 2560;
+  return c;
+}
+
+TEST(Activations, ArenaBytesRoundToTheArenaAlignment) {
+  EXPECT_EQ(arena_bytes(0, DType::kBF16), 0);
+  EXPECT_EQ(arena_bytes(3, DType::kBF16), 256);        // 6 bytes -> one 256-byte slot
+  EXPECT_EQ(arena_bytes(128, DType::kBF16), 256);      // exactly 256
+  EXPECT_EQ(arena_bytes(129, DType::kF32), 768);       // 516 -> 3 × 256
+  EXPECT_EQ(arena_bytes(151936, DType::kBF16), 303872);  // 1187 × 256, no padding
+}
+
+TEST(Activations, VisionOneMegapixelImage4B) {
+  // 1024×1024 pixels -> 64×64 patches of 16 = 4096 patches, 1024 merged tokens.
+  const int64_t n = 4096, t = 1024, d = 1024, f = 4096, o = 2560, dh = 64, b = 2;
+  VisionActivationTerms v = vision_activation_terms(config_4b(), n, DType::kBF16);
+  EXPECT_EQ(v.num_tokens, t);
+  EXPECT_EQ(v.merged_features, t * o * b);             // 5,242,880
+  EXPECT_EQ(v.deepstack_features, 3 * t * o * b);
+  EXPECT_EQ(v.hidden, n * d * b);                      // 8 MiB
+  EXPECT_EQ(v.rope_table, n * 2 * dh * 4);             // f32 cos/sin
+  EXPECT_EQ(v.cu_seqlens, 256);                        // 2 × i32, one aligned slot
+  EXPECT_EQ(v.patch_stage, n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.attention_stage, n * d * b + n * 3 * d * b + n * d * b);
+  EXPECT_EQ(v.mlp_stage, n * d * b + n * f * b);
+  EXPECT_EQ(v.deepstack_stage, 2 * t * 4 * d * b);
+  EXPECT_EQ(v.merger_stage, n * d * b + t * 4 * d * b);
+  // The attention and MLP stages tie at 5·N·D·2 = 41,943,040 bytes, the largest.
+  EXPECT_EQ(v.largest_stage(), 41943040);
+  EXPECT_EQ(v.scratch(), n * d * b + n * 2 * dh * 4 + 256 + 41943040);
+  EXPECT_EQ(v.peak(), 4 * t * o * b + v.scratch());
+  EXPECT_EQ(v.peak(), 73400576);  // 70 MiB + 256 B, the sum above evaluated
+}
+
+TEST(Activations, VisionNoImage) {
+  VisionActivationTerms v = vision_activation_terms(config_4b(), 0, DType::kBF16);
+  EXPECT_EQ(v.peak(), 0);
+}
+
+TEST(Activations, VisionPatchesMustBeWholeMergeUnits) {
+  EXPECT_THROW(vision_activation_terms(config_4b(), 4097, DType::kBF16), CheckFailure);
+}
+
+TEST(Activations, VisionGrowsWithTheImage) {
+  int64_t last = 0;
+  for (int64_t n = 4; n <= 65536; n *= 2) {
+    int64_t p = vision_activation_terms(config_4b(), n, DType::kBF16).peak();
+    EXPECT_GT(p, last) << n;
+    last = p;
+  }
+}
+
+TEST(Activations, DecoderPrefillChunk4B) {
+  const int64_t s = 2048, h = 2560, qkv = (32 + 2 * 8) * 128, q = 32 * 128, i = 9728, v = 151936, b = 2;
+  DecoderActivationTerms d = decoder_activation_terms(config_4b(), s, 1, DType::kBF16);
+  EXPECT_EQ(d.hidden, s * h * b);
+  EXPECT_EQ(d.attention_stage, s * h * b + s * qkv * b + s * q * b);
+  EXPECT_EQ(d.mlp_stage, s * h * b + s * 2 * i * b + s * i * b);
+  EXPECT_EQ(d.deepstack_stage, s * 4);
+  // rows (one i32, padded to 256) + last row + normed row + bf16 logits + f32 logits.
+  EXPECT_EQ(d.logits_stage, 256 + h * b + h * b + v * b + v * 4);
+  EXPECT_EQ(d.largest_stage(), d.mlp_stage);
+  EXPECT_EQ(d.peak(), 140509184);  // 10,485,760 + 130,023,424
+}
+
+TEST(Activations, DecoderF32HasNoExtraLogitsCopy) {
+  const int64_t h = 2560, v = 151936;
+  DecoderActivationTerms d = decoder_activation_terms(config_4b(), 4, 2, DType::kF32);
+  EXPECT_EQ(d.logits_stage, 256 + 2 * h * 4 * 2 + 2 * v * 4);
+}
+
+TEST(Activations, DecoderLogitsRowsAreBoundedByTheStep) {
+  EXPECT_THROW(decoder_activation_terms(config_4b(), 4, 5, DType::kBF16), CheckFailure);
+  EXPECT_THROW(decoder_activation_terms(config_4b(), 0, 0, DType::kBF16), CheckFailure);
+}
+
+TEST(Activations, StepInputs) {
+  // 2048 rows, 4 sequences of 256 pages: ids 8192, positions 24576, slots 8192, query_start 20 -> 256,
+  // context_len 16 -> 256, page_table 4 × 256 × 4 = 4096.
+  EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 24576 + 8192 + 256 + 256 + 4096);
+}
+
+}  // namespace
+}  // namespace qvl
