@@ -9,8 +9,9 @@
 // gives the same result as one whole prefill.
 //
 // Invariants: the model holds no per-request state (deepstack features, positions, the KV
-// cache and the arena are arguments); all activations come from the caller's Arena (sizes
-// from vision_arena_bytes / text_arena_bytes, so nothing is allocated while generating);
+// cache and the arena are arguments); all activations come from the caller's Arena, buffer by
+// buffer in the layout memory/activations.h names and sizes (vision_activation_terms,
+// decoder_activation_terms), so nothing is allocated while generating;
 // shapes and batch tables are the caller's responsibility and are checked with QVL_CHECK.
 // Numerics follow transformers 5.17 (spec §5–6); the FP8 path is the backend's (Linear ops).
 #pragma once
@@ -94,12 +95,6 @@ class Qwen3VLModel {
   const ModelWeights& weights() const { return weights_; }
   int num_deepstack() const { return static_cast<int>(config_.vision.deepstack_visual_indexes.size()); }
   const MropeSpec& mrope() const { return mrope_; }
-
-  // Arena bytes (outputs + scratch, with alignment) encode_images takes for these grids.
-  size_t vision_arena_bytes(std::span<const ImageGrid> grids) const;
-  // Arena bytes forward takes for `num_tokens` batch rows, `num_visual_runs` VisualRows
-  // entries and `num_logits_rows` logits rows (the logits tensor itself is the caller's).
-  size_t text_arena_bytes(int num_tokens, int num_visual_runs, int num_logits_rows) const;
 
   // Vision encoder over `images` (spec §5). The outputs are allocated from `arena` first and
   // stay allocated; all scratch above them is released before returning. Errors: a grid that
