@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -124,6 +125,21 @@ class DeviceBuffer {
   std::shared_ptr<void> owner_;
 };
 
+// A device address range reserved up front and backed by memory on demand, so that what lives
+// in it (the KV page pool) can grow without moving: [base(), base() + committed_bytes()) is
+// usable, and base() never changes.
+class DeviceRegion {
+ public:
+  virtual ~DeviceRegion() = default;
+  virtual void* base() const = 0;
+  virtual size_t reserved_bytes() const = 0;   // the most it can ever hold
+  virtual size_t committed_bytes() const = 0;  // backed by memory now
+  // Backs at least [base, base + bytes) with memory (rounded up to the backend's granularity).
+  // A resource-exhausted Status naming the sizes when the device has no memory left, out-of-range
+  // past reserved_bytes(). Never shrinks; a smaller `bytes` is a no-op.
+  virtual Status grow_to(size_t bytes) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -184,7 +200,50 @@ class Backend {
                               int layer, const TextAttentionShape& shape, float scale) = 0;
   // out[i] = x[rows[i]]                        out [m, H], rows I32 [m]
   virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;
+
+  // ---- growable memory ----
+  // Reserves `max_bytes` of address space for a region that grows in place (the KV pool);
+  // nothing need be committed yet. The default allocates all of it at once with allocate().
+  virtual Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag);
+
+  // ---- recorded op sequences (the decode step as a CUDA graph) ----
+  // Runs `record`, a sequence of this backend's ops, as one replayable unit named `key`. The
+  // first call with a key runs `record` and keeps a recording of what it launched; later calls
+  // with that key replay the recording and do not call `record`. A recording binds every tensor
+  // address and every host-side value the ops saw (shapes, num_seqs, max_pages_per_seq,
+  // max_context, ...), so the key must name all of them; between replays only the contents of
+  // device memory may change. `record` must not copy to or from the host, allocate, or
+  // synchronize. The default (and the CPU backend) just runs `record` every time.
+  virtual void run_graph(const std::string& key, const std::function<void()>& record) { record(); }
+  // Forgets every recording (before freeing memory that a recording uses).
+  virtual void clear_graphs() {}
 };
+
+namespace detail {
+// reserve_region's default: one allocation of the whole range, all of it committed.
+class WholeRegion final : public DeviceRegion {
+ public:
+  explicit WholeRegion(DeviceBuffer buffer) : buffer_(std::move(buffer)) {}
+  void* base() const override { return buffer_.data(); }
+  size_t reserved_bytes() const override { return buffer_.size(); }
+  size_t committed_bytes() const override { return buffer_.size(); }
+  Status grow_to(size_t bytes) override {
+    if (bytes > buffer_.size())
+      return out_of_range("region: " + std::to_string(bytes) + " bytes asked, " + std::to_string(buffer_.size()) +
+                          " reserved");
+    return Status::ok();
+  }
+
+ private:
+  DeviceBuffer buffer_;
+};
+}  // namespace detail
+
+inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_bytes, const std::string& tag) {
+  Result<DeviceBuffer> buffer = allocate(max_bytes, tag);
+  if (!buffer.is_ok()) return buffer.status();
+  return std::unique_ptr<DeviceRegion>(new detail::WholeRegion(std::move(buffer).value()));
+}
 
 // Makes the CPU backend (always available).
 std::unique_ptr<Backend> make_cpu_backend(int num_threads);

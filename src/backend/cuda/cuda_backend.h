@@ -1,0 +1,96 @@
+// The CUDA backend's public face: plain C++ (no CUDA header), so the CLI, the memory planner and
+// tests can name it. The backend itself (cuda_backend.cu and the kernels beside it) implements
+// backend.h with BF16 activations and fp32 accumulation; weights stay BF16 or FP8 E4M3 with
+// their 128x128 block scales in device memory.
+//
+// Linear dispatch (what callers can rely on for numerics and memory):
+// - rows <= kSkinnyMaxRows: tensor-core "skinny" kernels that stream the weight once, FP8
+//   converted to BF16 in registers and the block scale applied to each 128-wide K partial in
+//   fp32 (W8A16, no activation quantisation);
+// - more rows, BF16: cuBLASLt (fp32 compute), bias fused;
+// - more rows, FP8: chunks of output rows are dequantised to BF16 exactly as transformers'
+//   FineGrainedFP8Config(dequantize=True) does (bf16(float(w8) * scale)) into the dequant
+//   workspace and multiplied by cuBLASLt; FP8 rows up to kSkinnyFp8MaxRows use the skinny
+//   kernels in passes of kSkinnyMaxRows instead (re-reading 1 byte per weight per pass beats
+//   writing and re-reading 2 bytes of BF16).
+// Every workspace is allocated once, when the backend is made, so nothing is allocated while
+// generating; cuda_backend_workspace_bytes() gives the exact total for the memory planner.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace qvl {
+
+inline constexpr int kSkinnyMaxRows = 32;
+inline constexpr int kSkinnyFp8MaxRows = 128;
+
+struct CudaBackendOptions {
+  int device = 0;
+  // cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper; graph capture needs a fixed one).
+  size_t gemm_workspace_bytes = size_t{32} << 20;
+  // BF16 copy of FP8 weight rows for linears over more than kSkinnyFp8MaxRows rows.
+  size_t dequant_workspace_bytes = size_t{32} << 20;
+  // Split-K decode attention keeps fp32 partial outputs per (sequence, q head, split); the
+  // scratch is sized for these bounds (a model beyond them fails a check at its first step).
+  int max_gqa_group = 8;   // q heads per kv head
+  int max_head_dim = 128;
+  // Programmatic dependent launch on sm_90+: a kernel may start (and stream its weights)
+  // while the previous one finishes.
+  bool programmatic_launch = true;
+};
+
+// Decode attention splits each (sequence, kv head) over at most kDecodeMaxSplits blocks, and
+// only while sequences x kv heads x splits <= kDecodeSplitBlocks; larger batches run unsplit
+// and need no scratch.
+inline constexpr int kDecodeMaxSplits = 32;
+inline constexpr int kDecodeSplitBlocks = 1024;
+
+// Device bytes the backend allocates for itself when made (all workspaces and scratch; not the
+// CUDA context and module code, which the planner measures as a constant).
+inline size_t cuda_decode_scratch_bytes(const CudaBackendOptions& o) {
+  // per (seq, q head, split): head_dim fp32 partial outputs + running max + sum
+  size_t per = static_cast<size_t>(o.max_head_dim + 2) * sizeof(float);
+  return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group;
+}
+inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o) {
+  return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_decode_scratch_bytes(o);
+}
+
+struct CudaDeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int compute_capability = 0;  // major * 10 + minor
+  int multiprocessors = 0;
+  size_t total_memory = 0;
+  size_t free_memory = 0;
+  size_t l2_bytes = 0;
+  double memory_clock_khz = 0;
+  int memory_bus_bits = 0;
+};
+
+// Number of CUDA devices (0 when there is no driver or no device; never an error).
+int cuda_device_count();
+// Facts about one device; a not-found Status when it does not exist.
+Result<CudaDeviceInfo> cuda_device_info(int ordinal);
+
+// Makes the CUDA backend on options.device; failed-precondition when there is no usable
+// device, resource-exhausted when the workspaces do not fit.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
+
+// Memory accounting of a CUDA backend (for `qvl bench` and the planner's checks).
+struct CudaMemoryStats {
+  size_t allocated_bytes = 0;       // live allocations made through the backend (incl. workspaces)
+  size_t peak_allocated_bytes = 0;  // high-water mark of the above
+  size_t device_used_bytes = 0;     // total - free of the whole device, now
+  size_t context_bytes = 0;         // device used before the backend allocated anything
+};
+// Stats of `backend`, which must have been made by make_cuda_backend.
+CudaMemoryStats cuda_memory_stats(const Backend& backend);
+
+}  // namespace qvl

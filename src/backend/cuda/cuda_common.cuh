@@ -1,0 +1,125 @@
+// Shared by the CUDA backend's sources (never included outside src/backend/cuda/): error
+// checks, BF16/FP8 helpers, warp reductions, and the launch helper that enables programmatic
+// dependent launch (PDL) on sm_90+.
+//
+// PDL contract, kept by every kernel launched through launch(): the kernel calls
+// grid_dep_wait() before it reads anything an earlier kernel wrote and before it writes
+// anything (an earlier kernel may still be reading it); only reads of memory no kernel writes
+// (weights) may come before. grid_dep_launch() right after the wait lets the next kernel's
+// blocks be scheduled as this one's last wave runs. On architectures without PDL both are no-ops.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "backend/cuda/kernels.h"
+#include "core/check.h"
+
+namespace qvl::cuda {
+
+// A failed CUDA runtime call is a broken device or a bug: it throws CheckFailure with the call,
+// the error name and its description.
+#define QVL_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                 \
+    cudaError_t qvl_cuda_err_ = (expr);                                                                \
+    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                            \
+        << #expr << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) \
+        << ")";                                                                                        \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here.
+#define QVL_CUDA_CHECK_LAUNCH(what) QVL_CUDA_CHECK_NAMED(cudaGetLastError(), what)
+#define QVL_CUDA_CHECK_NAMED(expr, what)                                                             \
+  do {                                                                                               \
+    cudaError_t qvl_cuda_err_ = (expr);                                                              \
+    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                          \
+        << (what) << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) \
+        << ")";                                                                                      \
+  } while (0)
+
+using bf16 = __nv_bfloat16;
+using bf162 = __nv_bfloat162;
+
+// ---- programmatic dependent launch ----
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, ctx.stream>>>(args...) with the PDL attribute when
+// enabled, and checks the launch.
+template <typename... KArgs, typename... Args>
+void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+            size_t smem, Args&&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx.stream;
+  cudaLaunchAttribute attr[1];
+  if (ctx.pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  QVL_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name);
+}
+
+// ---- numeric helpers ----
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// 8 bf16 in one 16-byte vector.
+struct alignas(16) Bf16x8 {
+  bf162 h[4];
+};
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const bf162* h = reinterpret_cast<const bf162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint4 v;
+  bf162* h = reinterpret_cast<bf162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+__device__ __forceinline__ float gelu_tanh(float z) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * z * (1.0f + tanhf(k * (z + 0.044715f * z * z * z)));
+}
+__device__ __forceinline__ float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * 0.7071067811865476f)); }
+__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace qvl::cuda

@@ -1,0 +1,52 @@
+// Device discovery for the CUDA backend: how many devices, and the facts the planner and the
+// bench print (name, memory, multiprocessors, L2). Never fails when there is no driver: that
+// is "zero devices".
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace qvl {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return n;
+}
+
+Result<CudaDeviceInfo> cuda_device_info(int ordinal) {
+  int n = cuda_device_count();
+  if (ordinal < 0 || ordinal >= n)
+    return not_found("CUDA device " + std::to_string(ordinal) + " does not exist (" + std::to_string(n) +
+                     " device(s) visible)");
+  cudaDeviceProp prop{};
+  cudaError_t err = cudaGetDeviceProperties(&prop, ordinal);
+  if (err != cudaSuccess)
+    return failed_precondition("CUDA device " + std::to_string(ordinal) + ": " + cudaGetErrorString(err));
+  CudaDeviceInfo info;
+  info.ordinal = ordinal;
+  info.name = prop.name;
+  info.compute_capability = prop.major * 10 + prop.minor;
+  info.multiprocessors = prop.multiProcessorCount;
+  info.total_memory = prop.totalGlobalMem;
+  info.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, ordinal);
+  info.memory_clock_khz = clock_khz;
+  cudaDeviceGetAttribute(&info.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal);
+  int previous = 0;
+  cudaGetDevice(&previous);
+  if (cudaSetDevice(ordinal) == cudaSuccess) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) info.free_memory = free_bytes;
+    cudaSetDevice(previous);
+  }
+  cudaGetLastError();
+  return info;
+}
+
+}  // namespace qvl
