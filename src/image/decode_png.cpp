@@ -116,16 +116,16 @@ Result<ImageInfo> header_info(PngContext* ctx, std::span<const uint8_t> data, co
                               Header* h) {
   ctx->data = data.data();
   ctx->size = data.size();
-  if (!read_header(ctx, limits, h)) {
-    // libpng's own width/height limit: report it with the numbers from IHDR.
-    if (data.size() >= 24 && std::strstr(ctx->message, "exceeds user limit")) {
-      const uint8_t* p = data.data() + 16;
-      const int64_t w = (int64_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
-      const int64_t hh = (int64_t{p[4]} << 24) | (p[5] << 16) | (p[6] << 8) | p[7];
-      QVL_RETURN_IF_ERROR(check_limits(ImageFormat::kPng, w, hh, limits));
-    }
-    return png_error(*ctx, "reading the header");
+  // IHDR is the first chunk (signature, length, "IHDR", width, height): the size limits are
+  // checked from it before libpng allocates anything.
+  if (data.size() >= 24 && std::memcmp(data.data() + 12, "IHDR", 4) == 0) {
+    const uint8_t* p = data.data() + 16;
+    auto be32 = [](const uint8_t* b) {
+      return (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | int64_t{b[3]};
+    };
+    QVL_RETURN_IF_ERROR(check_limits(ImageFormat::kPng, be32(p), be32(p + 4), limits));
   }
+  if (!read_header(ctx, limits, h)) return png_error(*ctx, "reading the header");
   ImageInfo info;
   info.format = ImageFormat::kPng;
   info.width = static_cast<int>(h->width);
