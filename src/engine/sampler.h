@@ -1,0 +1,93 @@
+// Sampler: turns one row of logits into the next token for one request, with the request's own
+// state (seen tokens for the penalties, a seeded RNG). The processing order is Hugging Face's
+// (generation/utils.py _get_logits_processor, logits_process.py):
+//
+//   repetition penalty (HF: prompt + generated tokens, each distinct token once)
+//   → presence / frequency penalties (OpenAI: generated tokens only, by count)
+//   → temperature (scores / T; T = 0 means greedy: argmax after the penalties)
+//   → top-k (keeps every score >= the k-th largest, so ties at the edge survive)
+//   → top-p (keeps the most probable tokens whose preceding mass is < top_p; at least one)
+//   → min-p (keeps tokens with p >= min_p · p_max)
+//   → one draw u ∈ [0, 1) from the request's RNG, inverse CDF over the survivors.
+//
+// Invariants: every sample() consumes exactly one RNG draw (none for greedy), so the token stream
+// depends only on (seed, logits of this request), never on which other requests share the batch.
+// The survivors are visited in token-id order, so the draw maps to the same token whatever order
+// a partial sort leaves them in. The vocabulary is large
+// (151,936), so the filters work on candidate lists chosen with nth_element and sort only what
+// they must.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/engine.h"
+
+namespace qvl {
+
+// Rejects parameter values the sampler cannot honour, naming the field and the value.
+Status validate_sampling_params(const SamplingParams& p);
+
+// One surviving token and its final probability.
+struct TokenProb {
+  int32_t id = 0;
+  double prob = 0;
+};
+
+class Sampler {
+ public:
+  // `seed` is the request's seed (SamplingParams::seed, or one drawn by the engine when unset).
+  Sampler(const SamplingParams& params, int vocab_size, uint64_t seed);
+
+  // Records prompt tokens: the repetition penalty (HF) counts them as seen.
+  void observe_prompt(std::span<const int32_t> ids);
+  // Records a generated token (repetition, presence and frequency penalties).
+  void accept(int32_t token);
+
+  // Picks the next token. `logits` has vocab_size entries and is used as scratch (modified).
+  int32_t sample(std::span<float> logits);
+
+  // The distribution sample() draws from, in draw order (token id ascending), with the
+  // probabilities summing to 1. Greedy gives the argmax alone with probability 1. Modifies
+  // `logits` like sample(); consumes no randomness.
+  std::vector<TokenProb> distribution(std::span<float> logits);
+
+  // Picks from a distribution with a uniform u ∈ [0, 1): the first token whose cumulative
+  // probability exceeds u (the last one if rounding leaves u above the total).
+  static int32_t pick(const std::vector<TokenProb>& dist, double u);
+
+  bool greedy() const { return params_.temperature == 0.0f; }
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  struct Candidate {
+    int32_t id;
+    float score;
+  };
+  void apply_penalties(std::span<float> logits) const;
+  // Fills cand_ with the tokens that survive temperature, top-k, top-p and min-p, in id order,
+  // and probs_ with their normalised probabilities.
+  void filter(std::span<float> logits);
+  void keep_top_k(std::span<const float> logits, int k);
+  void sort_prefix(size_t n);  // the best n candidates into cand_[0, n), score descending
+  double uniform();
+
+  SamplingParams params_;
+  int vocab_size_;
+  std::mt19937_64 rng_;
+  bool track_seen_ = false;
+  bool track_counts_ = false;
+  std::vector<uint64_t> seen_bits_;   // vocab_size bits: token seen in prompt or output
+  std::vector<int32_t> seen_list_;    // the distinct seen tokens, for O(seen) penalties
+  std::unordered_map<int32_t, int32_t> generated_counts_;
+  // Scratch reused across calls (no allocation per token once warm).
+  std::vector<Candidate> cand_;
+  std::vector<double> probs_;
+  std::vector<float> kth_scratch_;
+};
+
+}  // namespace qvl
