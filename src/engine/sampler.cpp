@@ -137,13 +137,15 @@ void Sampler::filter(std::span<float> logits) {
   if (params_.min_p > 0.0f) {
     // p_i >= min_p · p_max  <=>  exp(s_i - s_max) >= min_p (the softmax normaliser cancels).
     const double min_p = params_.min_p;
-    std::erase_if(cand_, [&](const Candidate& c) { return std::exp(static_cast<double>(c.score) - max_score) < min_p; });
+    std::erase_if(cand_,
+                  [&](const Candidate& c) { return std::exp(static_cast<double>(c.score) - max_score) < min_p; });
   }
 
   QVL_CHECK(!cand_.empty()) << "sampler filtered out every token";
   probs_.resize(cand_.size());
   double sum = 0;
-  for (size_t i = 0; i < cand_.size(); ++i) sum += probs_[i] = std::exp(static_cast<double>(cand_[i].score) - max_score);
+  for (size_t i = 0; i < cand_.size(); ++i)
+    sum += probs_[i] = std::exp(static_cast<double>(cand_[i].score) - max_score);
   for (double& p : probs_) p /= sum;
 }
 
@@ -170,7 +172,9 @@ int32_t Sampler::pick(const std::vector<TokenProb>& dist, double u) {
   return dist.back().id;
 }
 
-double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
 
 int32_t Sampler::sample(std::span<float> logits) {
   QVL_CHECK_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(vocab_size_));

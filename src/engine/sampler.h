@@ -81,8 +81,8 @@ class Sampler {
   std::mt19937_64 rng_;
   bool track_seen_ = false;
   bool track_counts_ = false;
-  std::vector<uint64_t> seen_bits_;   // vocab_size bits: token seen in prompt or output
-  std::vector<int32_t> seen_list_;    // the distinct seen tokens, for O(seen) penalties
+  std::vector<uint64_t> seen_bits_;  // vocab_size bits: token seen in prompt or output
+  std::vector<int32_t> seen_list_;   // the distinct seen tokens, for O(seen) penalties
   std::unordered_map<int32_t, int32_t> generated_counts_;
   // Scratch reused across calls (no allocation per token once warm).
   std::vector<Candidate> cand_;

@@ -14,7 +14,9 @@ namespace qvl {
 
 namespace {
 
-size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+size_t round_up(size_t v, size_t to) {
+  return (v + to - 1) / to * to;
+}
 
 std::string mib(size_t bytes) {
   char buf[32];
@@ -30,13 +32,12 @@ class HostRegion final : public DeviceRegion {
   size_t reserved_bytes() const override { return reserved_; }
   size_t committed_bytes() const override { return committed_; }
   Status grow_to(size_t bytes) override {
-    if (bytes > reserved_)
-      return out_of_range("KV region: " + mib(bytes) + " asked, " + mib(reserved_) + " reserved");
+    if (bytes > reserved_) return out_of_range("KV region: " + mib(bytes) + " asked, " + mib(reserved_) + " reserved");
     if (bytes <= committed_) return Status::ok();
     const size_t end = std::min(reserved_, round_up(bytes, static_cast<size_t>(::sysconf(_SC_PAGESIZE))));
     if (::mprotect(static_cast<char*>(base_) + committed_, end - committed_, PROT_READ | PROT_WRITE) != 0)
-      return resource_exhausted("cannot commit " + mib(end - committed_) + " of host memory for the KV cache: " +
-                                std::strerror(errno));
+      return resource_exhausted("cannot commit " + mib(end - committed_) +
+                                " of host memory for the KV cache: " + std::strerror(errno));
     committed_ = end;
     return Status::ok();
   }
@@ -53,8 +54,8 @@ Result<std::unique_ptr<DeviceRegion>> make_host_region(size_t max_bytes) {
   const size_t reserved = round_up(std::max<size_t>(max_bytes, 1), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   void* p = ::mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
-    return resource_exhausted("cannot reserve " + mib(reserved) + " of address space for the KV cache: " +
-                              std::strerror(errno));
+    return resource_exhausted("cannot reserve " + mib(reserved) +
+                              " of address space for the KV cache: " + std::strerror(errno));
   return std::unique_ptr<DeviceRegion>(new HostRegion(p, reserved));
 }
 
@@ -79,12 +80,12 @@ Result<std::unique_ptr<KvPagePool>> KvPagePool::create(std::unique_ptr<DeviceReg
   const size_t page_bytes = layout.token_bytes() * options.page_size;
   const size_t need = page_bytes * static_cast<size_t>(options.max_pages);
   if (need > storage->reserved_bytes())
-    return out_of_range("KV cache of " + std::to_string(options.max_pages) + " pages × " + mib(page_bytes) +
-                        " needs " + mib(need) + " but the storage holds " + mib(storage->reserved_bytes()));
+    return out_of_range("KV cache of " + std::to_string(options.max_pages) + " pages × " + mib(page_bytes) + " needs " +
+                        mib(need) + " but the storage holds " + mib(storage->reserved_bytes()));
   std::unique_ptr<KvPagePool> pool(new KvPagePool(std::move(storage), layout, options));
   if (options.initial_pages > 0 && !pool->grow_for(options.initial_pages))
-    return resource_exhausted("cannot commit the initial " + std::to_string(options.initial_pages) +
-                              " KV pages (" + mib(page_bytes * options.initial_pages) + ")");
+    return resource_exhausted("cannot commit the initial " + std::to_string(options.initial_pages) + " KV pages (" +
+                              mib(page_bytes * options.initial_pages) + ")");
   return pool;
 }
 

@@ -28,16 +28,14 @@ struct KvLayout {
   int num_kv_heads = 0;
   int head_dim = 0;
 
-  size_t token_bytes() const {
-    return size_t{2} * num_layers * num_kv_heads * head_dim * dtype_size(dtype);
-  }
+  size_t token_bytes() const { return size_t{2} * num_layers * num_kv_heads * head_dim * dtype_size(dtype); }
 };
 
 struct KvPoolOptions {
-  int page_size = 16;        // tokens per page
-  int64_t max_pages = 0;     // the budget (from the memory plan); the pool never exceeds it
-  int64_t grow_pages = 64;   // pages committed per growth step
-  int64_t initial_pages = 0; // committed at creation
+  int page_size = 16;         // tokens per page
+  int64_t max_pages = 0;      // the budget (from the memory plan); the pool never exceeds it
+  int64_t grow_pages = 64;    // pages committed per growth step
+  int64_t initial_pages = 0;  // committed at creation
 };
 
 // Host memory for the CPU backend: reserves address space with mmap(PROT_NONE) and commits
@@ -79,7 +77,7 @@ class KvPagePool {
   // Returns every page of `table` to the free list.
   void release(PageTable& table);
 
-  int64_t max_pages() const { return max_pages_; }          // the budget (may drop if growth fails)
+  int64_t max_pages() const { return max_pages_; }  // the budget (may drop if growth fails)
   int64_t committed_pages() const { return committed_pages_; }
   int64_t used_pages() const { return committed_pages_ - static_cast<int64_t>(free_.size()); }
   // Pages a reserve() could still obtain: free committed pages plus room left to grow into.

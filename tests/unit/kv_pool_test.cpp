@@ -12,7 +12,9 @@ namespace qvl {
 namespace {
 
 // 2 layers × 2 kv heads × head_dim 8 × bf16: K and V → 2·2·2·8·2 = 128 bytes per token.
-KvLayout small_layout() { return KvLayout{DType::kBF16, 2, 2, 8}; }
+KvLayout small_layout() {
+  return KvLayout{DType::kBF16, 2, 2, 8};
+}
 
 std::unique_ptr<KvPagePool> make_pool(int64_t max_pages, int64_t grow_pages, int page_size = 16) {
   KvLayout layout = small_layout();
@@ -144,7 +146,7 @@ TEST(KvPool, DeviceRefusalCapsTheBudget) {
   auto pool = KvPagePool::create(std::make_unique<RefusingBuffer>(page * 20, page * 8), layout, {16, 20, 4, 0});
   ASSERT_TRUE(pool.is_ok());
   PageTable a, b;
-  ASSERT_TRUE((*pool)->reserve(a, 16 * 6));  // grows to 8 pages
+  ASSERT_TRUE((*pool)->reserve(a, 16 * 6));   // grows to 8 pages
   EXPECT_FALSE((*pool)->reserve(b, 16 * 3));  // needs 12: refused by the device
   EXPECT_TRUE(b.empty());
   EXPECT_EQ((*pool)->max_pages(), 8);  // the pool now knows its real size

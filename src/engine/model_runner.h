@@ -1,0 +1,99 @@
+// ModelRunner: what the engine needs from a model, and nothing more. The engine decides what runs
+// (which sequences, how many tokens each, which pages they write) and describes one step as plain
+// host arrays (StepInput); the runner copies them into its fixed device buffers, runs the decoder
+// over the paged KV cache and returns the logits rows the engine asked for. The real runner wraps
+// the Qwen3-VL model and a backend (engine/qwen3vl_runner.h); tests use fakes that check the page
+// tables and slots they are given.
+//
+// Invariants the engine guarantees for every forward():
+// - rows of one sequence are consecutive and in token order; query_start delimits them;
+// - slots[i] = page · page_size + offset for the token at absolute index context_len - n + i of
+//   its sequence, and the page is that sequence's page_table entry for the index;
+// - at most one image's features are alive at a time (the memory plan holds one image), and a
+//   step feeds rows of at most that image;
+// - the shapes stay within the limits the runner was built for (RunnerLimits).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "memory/kv_pool.h"
+
+namespace qvl {
+
+// Model facts the engine uses to validate and schedule requests.
+struct ModelInfo {
+  int vocab_size = 0;
+  int image_token_id = -1;    // the pad token each image's features replace
+  int merge_unit = 4;         // patches per image token (spatial_merge_size²)
+  int64_t max_positions = 0;  // max_position_embeddings: the model's own context limit
+  KvLayout kv_layout;         // one cache token of every layer
+};
+
+// The largest step the runner must handle; it sizes its buffers from these once.
+struct RunnerLimits {
+  int max_step_tokens = 0;        // rows of one step, all sequences together
+  int max_seqs = 0;               // sequences in one step (= logits rows at most)
+  int max_pages_per_seq = 0;      // page table columns
+  int64_t max_image_patches = 0;  // largest image the vision encoder must take
+};
+
+// One encoded image: the merged features [T, O] and the deepstack features, on the device,
+// owned by the runner's memory for as long as this object lives.
+class ImageFeatures {
+ public:
+  virtual ~ImageFeatures() = default;
+  virtual int64_t num_tokens() const = 0;  // T = rows of the merged features
+};
+
+// Rows [feature_row, feature_row + count) of an image's features replace the embeddings of
+// step rows [step_row, step_row + count) (those rows carry the image pad token).
+struct ImageRows {
+  const ImageFeatures* features = nullptr;
+  int64_t feature_row = 0;
+  int64_t step_row = 0;
+  int64_t count = 0;
+};
+
+// One decoder step over B sequences and S rows, as host arrays matching TextBatch.
+struct StepInput {
+  std::vector<int32_t> token_ids;    // [S]
+  std::vector<int32_t> positions;    // [S, 3] M-RoPE (T, H, W)
+  std::vector<int32_t> slots;        // [S]
+  std::vector<int32_t> query_start;  // [B + 1]
+  std::vector<int32_t> context_len;  // [B]: cached tokens after this step's writes
+  std::vector<int32_t> page_table;   // [B, max_pages_per_seq], unused entries 0
+  int max_pages_per_seq = 0;
+  int max_context = 0;               // max of context_len
+  std::vector<int32_t> logits_rows;  // step rows whose logits the engine samples, ascending
+  std::vector<ImageRows> images;
+
+  int num_seqs() const { return static_cast<int>(context_len.size()); }
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelInfo& info() const = 0;
+
+  // M-RoPE positions [L, 3] of a prompt and the rope delta that decode positions add to the
+  // token index (position of token n >= L is n + rope_delta on all three axes).
+  virtual std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids,
+                                                const std::vector<PreparedImage>& images,
+                                                int64_t* rope_delta) const = 0;
+
+  // Runs the vision encoder over one image.
+  virtual Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) = 0;
+
+  // Runs one decoder step, writing K/V into `cache` at the slots and the logits rows, in
+  // order, into `logits` ([logits_rows.size(), vocab_size] f32 on the host).
+  virtual Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) = 0;
+};
+
+}  // namespace qvl
