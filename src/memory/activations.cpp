@@ -18,16 +18,17 @@ int64_t VisionActivationTerms::largest_stage() const {
 }
 
 int64_t DecoderActivationTerms::largest_stage() const {
-  return std::max({attention_stage, mlp_stage, deepstack_stage, logits_stage});
+  return std::max({attention_stage, mlp_stage, final_norm_stage});
 }
 
-VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t num_patches,
-                                              DType act) {
+VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t num_patches, DType act,
+                                              int64_t num_segments) {
   const VisionConfig& v = config.vision;
   const int64_t n = num_patches;
   const int64_t unit = v.merge_unit();
   QVL_CHECK_GE(n, 0);
   QVL_CHECK_EQ(n % unit, 0) << "patches must come in whole merge units";
+  QVL_CHECK(n == 0 || (num_segments >= 1 && num_segments * unit <= n)) << num_segments << " segments of " << n;
   const int64_t d = v.hidden_size, f = v.intermediate_size, o = v.out_hidden_size;
   const int64_t t = n / unit;
   const int64_t k = static_cast<int64_t>(v.deepstack_visual_indexes.size());
@@ -35,30 +36,30 @@ VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t
   VisionActivationTerms s;
   s.num_patches = n;
   s.num_tokens = t;
-  if (n == 0) return s;  // no image admitted: the encoder never runs
-  s.merged_features = arena_bytes(t * o, act);                      // [T, O]
-  s.deepstack_features = k * arena_bytes(t * o, act);               // k × [T, O]
-  s.hidden = arena_bytes(n * d, act);                               // x [N, D]
-  s.rope_table = arena_bytes(n * 2 * v.head_dim(), DType::kF32);    // cos/sin [N, 2, dh]
-  s.cu_seqlens = arena_bytes(2, DType::kI32);                       // one segment per image
-  s.patch_stage = arena_bytes(n * v.patch_dim(), act)               // pixels [N, C·T·P·P]
-                  + arena_bytes(n * 4, DType::kI32)                 // bilinear taps [N, 4]
-                  + arena_bytes(n * 4, DType::kF32);                // tap weights [N, 4]
-  s.attention_stage = arena_bytes(n * d, act)                       // LayerNorm1 out [N, D]
-                      + arena_bytes(n * 3 * d, act)                 // qkv [N, 3D]
-                      + arena_bytes(n * d, act);                    // attention out [N, D]
-  s.mlp_stage = arena_bytes(n * d, act)                             // LayerNorm2 out [N, D]
-                + arena_bytes(n * f, act);                          // fc1 + gelu [N, F]
+  if (n == 0) return s;                                           // no image admitted: the encoder never runs
+  s.merged_features = arena_bytes(t * o, act);                    // [T, O]
+  s.deepstack_features = k * arena_bytes(t * o, act);             // k × [T, O]
+  s.hidden = arena_bytes(n * d, act);                             // x [N, D]
+  s.rope_table = arena_bytes(n * 2 * v.head_dim(), DType::kF32);  // cos/sin [N, 2, dh]
+  s.cu_seqlens = arena_bytes(num_segments + 1, DType::kI32);      // segment bounds
+  s.patch_stage = arena_bytes(n * v.patch_dim(), act)             // pixels [N, C·T·P·P]
+                  + arena_bytes(n * 4, DType::kI32)               // bilinear taps [N, 4]
+                  + arena_bytes(n * 4, DType::kF32);              // tap weights [N, 4]
+  s.attention_stage = arena_bytes(n * d, act)                     // LayerNorm1 out [N, D]
+                      + arena_bytes(n * 3 * d, act)               // qkv [N, 3D]
+                      + arena_bytes(n * d, act);                  // attention out [N, D]
+  s.mlp_stage = arena_bytes(n * d, act)                           // LayerNorm2 out [N, D]
+                + arena_bytes(n * f, act);                        // fc1 + gelu [N, F]
   if (k > 0)
-    s.deepstack_stage = arena_bytes(t * unit * d, act)              // LayerNorm over 4D [T, 4D]
-                        + arena_bytes(t * unit * d, act);           // fc1 + gelu [T, 4D]
-  s.merger_stage = arena_bytes(n * d, act)                          // LayerNorm per patch [N, D]
-                   + arena_bytes(t * unit * d, act);                // fc1 + gelu [T, 4D]
+    s.deepstack_stage = arena_bytes(t * unit * d, act)     // LayerNorm over 4D [T, 4D]
+                        + arena_bytes(t * unit * d, act);  // fc1 + gelu [T, 4D]
+  s.merger_stage = arena_bytes(n * d, act)                 // LayerNorm per patch [N, D]
+                   + arena_bytes(t * unit * d, act);       // fc1 + gelu [T, 4D]
   return s;
 }
 
-DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64_t step_tokens,
-                                                int64_t logits_rows, DType act) {
+DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64_t step_tokens, int64_t logits_rows,
+                                                DType act) {
   const TextConfig& tc = config.text;
   const int64_t s = step_tokens, r = logits_rows;
   QVL_CHECK_GE(s, 1);
@@ -69,30 +70,28 @@ DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64
   DecoderActivationTerms d;
   d.step_tokens = s;
   d.logits_rows = r;
-  d.hidden = arena_bytes(s * h, act);                     // x [S, H]
-  d.attention_stage = arena_bytes(s * h, act)             // input norm [S, H]
-                      + arena_bytes(s * qkv, act)         // q|k|v [S, (Hq + 2Hkv)·dh]
-                      + arena_bytes(s * tc.q_dim(), act); // attention out [S, Hq·dh]
-  d.mlp_stage = arena_bytes(s * h, act)                   // post-attention norm [S, H]
-                + arena_bytes(s * 2 * i, act)             // gate|up [S, 2I]
-                + arena_bytes(s * i, act);                // silu(gate)·up [S, I]
-  if (!config.vision.deepstack_visual_indexes.empty())
-    d.deepstack_stage = arena_bytes(s, DType::kI32);      // visual rows of this step
-  d.logits_stage = arena_bytes(r, DType::kI32)            // rows that need logits
-                   + arena_bytes(r * h, act)              // their hidden rows [R, H]
-                   + arena_bytes(r * h, act)              // final norm [R, H]
-                   + arena_bytes(r * v, act)              // lm_head out [R, V]
-                   + (act == DType::kF32 ? 0 : arena_bytes(r * v, DType::kF32));  // sampler's f32
+  d.logits = arena_bytes(r * v, act);                      // lm_head out [R, V] (the caller's)
+  d.hidden = arena_bytes(s * h, act);                      // x [S, H]
+  d.visual_rows = arena_bytes(s, DType::kI32);             // batch rows of image tokens
+  d.attention_stage = arena_bytes(s * h, act)              // input norm [S, H]
+                      + arena_bytes(s * qkv, act)          // q|k|v [S, (Hq + 2Hkv)·dh]
+                      + arena_bytes(s * tc.q_dim(), act);  // attention out [S, Hq·dh]
+  d.mlp_stage = arena_bytes(s * h, act)                    // post-attention norm [S, H]
+                + arena_bytes(s * 2 * i, act)              // gate|up [S, 2I]
+                + arena_bytes(s * i, act);                 // silu(gate)·up [S, I]
+  d.final_norm_stage = arena_bytes(r * h, act)             // logits rows of x [R, H]
+                       + arena_bytes(r * h, act);          // final norm [R, H]
   return d;
 }
 
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq) {
-  return arena_bytes(step_tokens, DType::kI32)                        // token ids
-         + arena_bytes(step_tokens * 3, DType::kI32)                  // M-RoPE positions
-         + arena_bytes(step_tokens, DType::kI32)                      // KV slots
-         + arena_bytes(max_seqs + 1, DType::kI32)                     // query_start
-         + arena_bytes(max_seqs, DType::kI32)                         // context_len
-         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32);    // page_table
+  return arena_bytes(step_tokens, DType::kI32)                      // token ids
+         + arena_bytes(max_seqs, DType::kI32)                       // logits rows
+         + arena_bytes(step_tokens * 3, DType::kI32)                // M-RoPE positions
+         + arena_bytes(step_tokens, DType::kI32)                    // KV slots
+         + arena_bytes(max_seqs + 1, DType::kI32)                   // query_start
+         + arena_bytes(max_seqs, DType::kI32)                       // context_len
+         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32);  // page_table
 }
 
 }  // namespace qvl

@@ -5,27 +5,31 @@
 // these terms do not name, its Arena overflows and fails a check with the numbers.
 //
 // The layout these terms assume (model/ follows it; change both together):
-// - Every buffer is one Arena::alloc, rounded up to Arena::kAlignment.
-// - Vision forward over N patches (one image: the engine encodes one image per forward), T = N/4
-//   merged tokens, k = deepstack taps, a = activation bytes:
-//     features  (the caller's, held until the image's prefill is done): merged [T, O] + k × [T, O]
-//     hidden x [N, D], rope table [N, 2, dh] f32, cu_seqlens i32 [2]          — live to the end
-//     then, one stage at a time (each stage resets the arena to its start when done):
-//       patch stage:   pixels [N, C·T·P·P], pos index i32 [N, 4], pos weight f32 [N, 4]
+// - Every buffer is one Arena::alloc, rounded up to Arena::kAlignment; a "stage" resets the arena
+//   to where it began when it is done, so only the largest stage counts.
+// - Vision forward (encode_images) over N patches in G attention segments (one per image, or per
+//   temporal slice), T = N/4 merged tokens, k = deepstack taps, a = activation bytes:
+//     outputs first, kept for the caller until the images' prefill is done:
+//                    merged [T, O] + k × [T, O]
+//     hidden x [N, D], rope table [N, 2, dh] f32, cu_seqlens i32 [G + 1]      — live to the end
+//     then one stage at a time:
+//       patch stage:   pixels [N, C·T·P·P] (activation dtype), pos index i32 [N, 4],
+//                      pos weight f32 [N, 4]
 //       attention:     h [N, D], qkv [N, 3D], attn [N, D]       (proj adds into x)
 //       mlp:           h [N, D], fc1 [N, F]                      (fc2 adds into x)
-//       deepstack tap: ln [T, 4D], fc1 [T, 4D]                   (fc2 writes features)
-//       final merger:  ln [N, D], fc1 [T, 4D]                    (fc2 writes features)
-// - Decoder step over S tokens (prefill chunk rows and decode rows together), R logits rows:
-//     hidden x [S, H]                                                         — live to the end
+//       deepstack tap: ln [T, 4D], fc1 [T, 4D]                   (fc2 writes its output)
+//       final merger:  ln [N, D], fc1 [T, 4D]                    (fc2 writes its output)
+// - Decoder step (forward) over S rows (prefill chunks and decode rows together), R logits rows:
+//     logits [R, V] (activation dtype): the caller's output, taken from the arena before the step
+//     (the sampler copies it to the host)
+//     hidden x [S, H], visual rows i32 [S] (the batch rows of this step's image tokens, one
+//     buffer; each VisualRows run uses a row range of it)                     — live to the end
 //     then one stage at a time:
 //       attention:     h [S, H], qkv [S, (Hq + 2·Hkv)·dh], attn [S, Hq·dh]   (o adds into x)
 //       mlp:           h [S, H], gate_up [S, 2I], act [S, I]                  (down adds into x)
-//       deepstack:     rows i32 [S]                          (scatter_rows from the held features)
-//       logits:        rows i32 [R], last [R, H], normed [R, H], logits [R, V] (activation dtype),
-//                      plus logits f32 [R, V] when the activation dtype is not f32 (the sampler's)
-//   The step's inputs (token ids, positions, slots, the TextBatch tensors) live in their own
-//   fixed buffer (step_input_bytes) because CUDA graphs need their addresses fixed.
+//       final norm:    last [R, H] (gathered logits rows), normed [R, H]      (lm_head -> logits)
+//   The step's inputs (token ids, logits rows, positions, slots and the other TextBatch tables)
+//   live in their own fixed buffer (step_input_bytes): CUDA graphs need their addresses fixed.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +51,7 @@ struct VisionActivationTerms {
   // Live through the whole forward.
   int64_t hidden = 0;      // x [N, D]
   int64_t rope_table = 0;  // [N, 2, dh] f32
-  int64_t cu_seqlens = 0;  // i32 [2]
+  int64_t cu_seqlens = 0;  // i32 [G + 1]
   // Stages (only one is live at a time).
   int64_t patch_stage = 0;
   int64_t attention_stage = 0;
@@ -65,26 +69,31 @@ struct VisionActivationTerms {
 struct DecoderActivationTerms {
   int64_t step_tokens = 0;  // S
   int64_t logits_rows = 0;  // R
+  int64_t logits = 0;       // [R, V], the caller's, allocated before the step
   int64_t hidden = 0;       // x [S, H]
+  int64_t visual_rows = 0;  // i32 [S]
   int64_t attention_stage = 0;
   int64_t mlp_stage = 0;
-  int64_t deepstack_stage = 0;  // 0 without deepstack taps
-  int64_t logits_stage = 0;
+  int64_t final_norm_stage = 0;
 
   int64_t largest_stage() const;
-  int64_t peak() const { return hidden + largest_stage(); }
+  // What forward() itself takes from the arena (everything but the caller's logits).
+  int64_t scratch() const { return hidden + visual_rows + largest_stage(); }
+  int64_t peak() const { return logits + scratch(); }
 };
 
-// The terms of one vision forward over `num_patches` patches (a multiple of merge_unit()).
-VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t num_patches,
-                                              DType activation_dtype);
+// The terms of one vision forward over `num_patches` patches (a multiple of merge_unit()) in
+// `num_segments` attention segments (images × temporal slices).
+VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t num_patches, DType activation_dtype,
+                                              int64_t num_segments = 1);
 // The terms of one decoder step over `step_tokens` rows producing `logits_rows` logits rows.
-DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64_t step_tokens,
-                                                int64_t logits_rows, DType activation_dtype);
+DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64_t step_tokens, int64_t logits_rows,
+                                                DType activation_dtype);
 
-// The step inputs buffer: token ids i32 [S], positions i32 [S, 3], slots i32 [S], query_start
-// i32 [B + 1], context_len i32 [B], page_table i32 [B, P] for S step rows, B sequences and P pages
-// per sequence. Each part is one arena allocation.
+// The step inputs buffer: token ids i32 [S], logits rows i32 [B], positions i32 [S, 3], slots
+// i32 [S], query_start i32 [B + 1], context_len i32 [B], page_table i32 [B, P] for S step rows,
+// B sequences (at most one logits row each) and P pages per sequence. Each part is one arena
+// allocation.
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq);
 
 }  // namespace qvl

@@ -35,8 +35,7 @@ constexpr Unit kUnits[] = {
 constexpr int64_t kMaxBytes = int64_t{1} << 62;
 
 Status bad_size(std::string_view text, const char* why) {
-  return invalid_argument("size '" + std::string(text) + "': " + why +
-                          " (examples: 8GiB, 7.5G, 8000MiB, 8589934592)");
+  return invalid_argument("size '" + std::string(text) + "': " + why + " (examples: 8GiB, 7.5G, 8000MiB, 8589934592)");
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ std::string format_mib(int64_t bytes);
 constexpr int64_t round_up(int64_t bytes, int64_t granularity) {
   return (bytes + granularity - 1) / granularity * granularity;
 }
-constexpr int64_t round_down(int64_t bytes, int64_t granularity) { return bytes / granularity * granularity; }
+constexpr int64_t round_down(int64_t bytes, int64_t granularity) {
+  return bytes / granularity * granularity;
+}
 
 }  // namespace qvl

@@ -32,19 +32,19 @@ inline constexpr int64_t kDeviceGranularity = 2 * kMiB;
 
 // What the user (or serve's defaults) asks for. Zero means "the default" where noted.
 struct RuntimeOptions {
-  int64_t context_tokens = 4096;  // per sequence: prompt (text + image tokens) + generated tokens
-  int concurrency = 1;            // sequences that may each hold a full context at the same time
-  int64_t max_image_pixels = 0;   // 0: the preprocessor's max_pixels
-  int64_t max_image_tokens = 0;   // 0: only the pixel cap (merged tokens = pixels / 1024)
-  int64_t prefill_chunk = 2048;   // rows per decoder step (prefill chunk and decode rows together)
-  DType kv_dtype = DType::kBF16;  // kBF16 or kF8E4M3
-  int kv_page_tokens = 16;        // tokens per KV page
-  int offload_layers = 0;         // decoder layers kept in pinned host memory, streamed in
-  bool fp8_weights = false;       // block-FP8 text Linears (quantized at load unless already FP8)
-  int64_t gpu_memory_bytes = 0;   // the budget; 0: the device's free memory minus reserve_bytes
-  int64_t reserve_bytes = 256 * kMiB;  // left free for other programs when the budget is "free memory"
-  int64_t margin_bytes = 128 * kMiB;   // held back inside the budget for what the plan cannot see
-  int64_t cuda_overhead_bytes = -1;    // context + modules + library workspace; -1: the arch table
+  int64_t context_tokens = 4096;          // per sequence: prompt (text + image tokens) + generated tokens
+  int concurrency = 1;                    // sequences that may each hold a full context at the same time
+  int64_t max_image_pixels = 0;           // 0: the preprocessor's max_pixels
+  int64_t max_image_tokens = 0;           // 0: only the pixel cap (merged tokens = pixels / 1024)
+  int64_t prefill_chunk = 2048;           // rows per decoder step (prefill chunk and decode rows together)
+  DType kv_dtype = DType::kBF16;          // kBF16 or kF8E4M3
+  int kv_page_tokens = 16;                // tokens per KV page
+  int offload_layers = 0;                 // decoder layers kept in pinned host memory, streamed in
+  bool fp8_weights = false;               // block-FP8 text Linears (quantized at load unless already FP8)
+  int64_t gpu_memory_bytes = 0;           // the budget; 0: the device's free memory minus reserve_bytes
+  int64_t reserve_bytes = 256 * kMiB;     // left free for other programs when the budget is "free memory"
+  int64_t margin_bytes = 128 * kMiB;      // held back inside the budget for what the plan cannot see
+  int64_t cuda_overhead_bytes = -1;       // CUDA context + kernel modules; -1: the arch table
   DType activation_dtype = DType::kBF16;  // the backend's activation dtype (CUDA BF16, CPU F32)
 };
 
@@ -55,19 +55,18 @@ struct DeviceFacts {
   int compute_capability = 0;  // 80, 86, 89, 90, 120, ...; 0 = unknown
   int sm_count = 0;            // 0 = unknown
   int64_t total_bytes = 0;
-  int64_t free_bytes = 0;      // cudaMemGetInfo, taken after this process created its context
+  int64_t free_bytes = 0;  // cudaMemGetInfo, taken after this process created its context
 };
 
 // One row of the per-architecture overhead table (planner.cpp holds the values and their sources).
 struct ArchOverheads {
-  int compute_capability = 0;   // 0: the row used when the architecture is unknown
+  int compute_capability = 0;  // 0: the row used when the architecture is unknown
   const char* label = "";
-  int typical_sm_count = 0;     // used when DeviceFacts::sm_count is 0
-  int64_t context_base = 0;     // bare primary context, fixed part
-  int64_t context_per_sm = 0;   // bare primary context, per SM (stack reservation and friends)
-  int64_t modules = 0;          // lazily loaded kernel modules, library handles, CUDA graphs
-  int64_t library_workspace = 0;  // cuBLASLt workspace (one stream)
-  bool provisional = true;      // not yet measured on that architecture
+  int typical_sm_count = 0;    // used when DeviceFacts::sm_count is 0
+  int64_t context_base = 0;    // bare primary context, fixed part
+  int64_t context_per_sm = 0;  // bare primary context, per SM (stack reservation and friends)
+  int64_t modules = 0;         // lazily loaded kernel modules, library handles, CUDA graphs
+  bool provisional = true;     // not yet measured on that architecture
 };
 const ArchOverheads& arch_overheads(int compute_capability);
 
@@ -80,8 +79,8 @@ struct WeightBytes {
   int64_t decoder_layers = 0;  // all layers
   int64_t decoder_other = 0;   // final norm
   int64_t embeddings = 0;
-  int64_t lm_head = 0;         // 0 when tied
-  int64_t largest_layer = 0;   // the biggest decoder layer (offload staging unit)
+  int64_t lm_head = 0;        // 0 when tied
+  int64_t largest_layer = 0;  // the biggest decoder layer (offload staging unit)
   int64_t tensor_count = 0;
   int64_t alignment_padding = 0;  // rounding each tensor to kWeightAlignment in the weights arena
 
@@ -96,10 +95,11 @@ WeightBytes weight_bytes(const ModelConfig& config);
 // lm_head stay BF16).
 ModelConfig effective_config(const ModelConfig& config, const RuntimeOptions& options);
 
-// Merged tokens of the largest image the preprocessor can produce under a pixel cap: smart_resize
-// keeps h·w <= max_pixels except where an edge is clamped up to the factor (aspect ratios near
-// 200:1) or a small image is scaled up to min_pixels; this bounds all three cases.
-int64_t max_image_tokens_for_pixels(const PreprocessorConfig& pre, int64_t max_pixels);
+// Merged tokens of the largest image the preprocessor (image/image.h target_size) can produce
+// under the model's max_pixels and qvl's caps (0 = none): h·w stays within the effective cap
+// except where an edge is clamped up to the factor (aspect ratios near 200:1, caps below about
+// 205k pixels) or, without a qvl cap, a small image grows to min_pixels; this bounds all cases.
+int64_t max_image_tokens(const PreprocessorConfig& pre, int64_t max_image_pixels, int64_t max_image_tokens);
 
 enum class FitChange : uint8_t {
   kFp8Weights,
@@ -121,28 +121,28 @@ struct Suggestion {
 };
 
 struct MemoryPlan {
-  ModelConfig config;       // effective_config()
-  RuntimeOptions options;   // as given
+  ModelConfig config;              // effective_config()
+  RuntimeOptions options;          // as given
+  bool quantized_at_load = false;  // options.fp8_weights on a BF16 checkpoint
   // The largest admitted image (0 when no image fits the context).
   int64_t image_tokens = 0;
   int64_t image_patches = 0;
-  int64_t image_pixels = 0;  // the pixel cap in force
+  int64_t image_pixels = 0;  // the effective pixel cap (the model's max_pixels and qvl's caps)
 
   // Weights.
   WeightBytes weights;
-  int64_t weights_offloaded = 0;   // layers moved to pinned host memory
-  int64_t offload_staging = 0;     // device buffers the offloaded layers stream through
-  int64_t weights_device = 0;      // allocation: resident weights + padding + staging, rounded
+  int64_t weights_offloaded = 0;  // layers moved to pinned host memory
+  int64_t offload_staging = 0;    // device buffers the offloaded layers stream through
+  int64_t weights_device = 0;     // allocation: resident weights + padding + staging, rounded
 
   // CUDA runtime.
   const ArchOverheads* arch = nullptr;
   int sm_count = 0;
-  int64_t cuda_context = 0;
-  int64_t cuda_modules = 0;
-  int64_t library_workspace = 0;
-  int64_t attention_workspace = 0;  // split-K decode partials
+  int64_t cuda_context = 0;         // the arch table, or options.cuda_overhead_bytes
+  int64_t cuda_modules = 0;         // the arch table (0 when overridden)
+  int64_t backend_workspace = 0;    // the CUDA backend's own workspaces (cuda_backend_workspace_bytes)
   bool runtime_overridden = false;  // options.cuda_overhead_bytes replaced the table
-  int64_t runtime_total() const { return cuda_context + cuda_modules + library_workspace + attention_workspace; }
+  int64_t runtime_total() const { return cuda_context + cuda_modules + backend_workspace; }
 
   // Activations.
   VisionActivationTerms vision;
@@ -153,12 +153,12 @@ struct MemoryPlan {
   // KV cache.
   int64_t kv_bytes_per_token = 0;  // 2 × layers × Hkv × head_dim × dtype bytes
   int64_t kv_page_bytes = 0;
-  int64_t kv_pages_per_seq = 0;    // ceil(context / page)
-  int64_t kv_required_pages = 0;   // concurrency × kv_pages_per_seq
-  int64_t kv_required_bytes = 0;   // rounded to the device granularity
-  int64_t kv_capacity_pages = 0;   // what the budget leaves (0 without a budget)
+  int64_t kv_pages_per_seq = 0;   // ceil(context / page)
+  int64_t kv_required_pages = 0;  // concurrency × kv_pages_per_seq
+  int64_t kv_required_bytes = 0;  // rounded to the device granularity
+  int64_t kv_capacity_pages = 0;  // what the budget leaves (0 without a budget)
   int64_t kv_capacity_tokens = 0;
-  int64_t max_context = 0;         // the longest context `concurrency` sequences can each hold
+  int64_t max_context = 0;  // the longest context `concurrency` sequences can each hold
 
   // Totals and verdict.
   int64_t fixed_bytes = 0;  // everything but the KV cache
@@ -168,7 +168,7 @@ struct MemoryPlan {
   int64_t budget_bytes = 0;
   std::string budget_source;  // "--gpu-memory", "free memory of <gpu> minus reserve", "none"
   bool fits = false;
-  int64_t shortfall_bytes = 0;  // peak + margin − budget when it does not fit, else 0
+  int64_t shortfall_bytes = 0;          // peak + margin − budget when it does not fit, else 0
   std::vector<Suggestion> suggestions;  // when it does not fit, cheapest first
   std::vector<std::string> notes;       // provisional constants, clamps applied, ...
 };

@@ -23,9 +23,9 @@ ModelConfig config_4b() {
 
 TEST(Activations, ArenaBytesRoundToTheArenaAlignment) {
   EXPECT_EQ(arena_bytes(0, DType::kBF16), 0);
-  EXPECT_EQ(arena_bytes(3, DType::kBF16), 256);        // 6 bytes -> one 256-byte slot
-  EXPECT_EQ(arena_bytes(128, DType::kBF16), 256);      // exactly 256
-  EXPECT_EQ(arena_bytes(129, DType::kF32), 768);       // 516 -> 3 × 256
+  EXPECT_EQ(arena_bytes(3, DType::kBF16), 256);          // 6 bytes -> one 256-byte slot
+  EXPECT_EQ(arena_bytes(128, DType::kBF16), 256);        // exactly 256
+  EXPECT_EQ(arena_bytes(129, DType::kF32), 768);         // 516 -> 3 × 256
   EXPECT_EQ(arena_bytes(151936, DType::kBF16), 303872);  // 1187 × 256, no padding
 }
 
@@ -34,11 +34,11 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   const int64_t n = 4096, t = 1024, d = 1024, f = 4096, o = 2560, dh = 64, b = 2;
   VisionActivationTerms v = vision_activation_terms(config_4b(), n, DType::kBF16);
   EXPECT_EQ(v.num_tokens, t);
-  EXPECT_EQ(v.merged_features, t * o * b);             // 5,242,880
+  EXPECT_EQ(v.merged_features, t * o * b);  // 5,242,880
   EXPECT_EQ(v.deepstack_features, 3 * t * o * b);
-  EXPECT_EQ(v.hidden, n * d * b);                      // 8 MiB
-  EXPECT_EQ(v.rope_table, n * 2 * dh * 4);             // f32 cos/sin
-  EXPECT_EQ(v.cu_seqlens, 256);                        // 2 × i32, one aligned slot
+  EXPECT_EQ(v.hidden, n * d * b);           // 8 MiB
+  EXPECT_EQ(v.rope_table, n * 2 * dh * 4);  // f32 cos/sin
+  EXPECT_EQ(v.cu_seqlens, 256);             // 2 × i32, one aligned slot
   EXPECT_EQ(v.patch_stage, n * 1536 * b + n * 4 * 4 + n * 4 * 4);
   EXPECT_EQ(v.attention_stage, n * d * b + n * 3 * d * b + n * d * b);
   EXPECT_EQ(v.mlp_stage, n * d * b + n * f * b);
@@ -72,20 +72,27 @@ TEST(Activations, VisionGrowsWithTheImage) {
 TEST(Activations, DecoderPrefillChunk4B) {
   const int64_t s = 2048, h = 2560, qkv = (32 + 2 * 8) * 128, q = 32 * 128, i = 9728, v = 151936, b = 2;
   DecoderActivationTerms d = decoder_activation_terms(config_4b(), s, 1, DType::kBF16);
+  EXPECT_EQ(d.logits, v * b);  // 303,872 = 1187 × 256: no padding
   EXPECT_EQ(d.hidden, s * h * b);
+  EXPECT_EQ(d.visual_rows, s * 4);
   EXPECT_EQ(d.attention_stage, s * h * b + s * qkv * b + s * q * b);
   EXPECT_EQ(d.mlp_stage, s * h * b + s * 2 * i * b + s * i * b);
-  EXPECT_EQ(d.deepstack_stage, s * 4);
-  // rows (one i32, padded to 256) + last row + normed row + bf16 logits + f32 logits.
-  EXPECT_EQ(d.logits_stage, 256 + h * b + h * b + v * b + v * 4);
+  EXPECT_EQ(d.final_norm_stage, h * b + h * b);
   EXPECT_EQ(d.largest_stage(), d.mlp_stage);
-  EXPECT_EQ(d.peak(), 140509184);  // 10,485,760 + 130,023,424
+  // 10,485,760 + 8,192 + 130,023,424
+  EXPECT_EQ(d.scratch(), 140517376);
+  EXPECT_EQ(d.peak(), 140517376 + 303872);
 }
 
-TEST(Activations, DecoderF32HasNoExtraLogitsCopy) {
+TEST(Activations, DecoderRowsAreAligned) {
+  // 3 rows, 2 logits rows in f32: every buffer rounds up to 256 bytes.
   const int64_t h = 2560, v = 151936;
-  DecoderActivationTerms d = decoder_activation_terms(config_4b(), 4, 2, DType::kF32);
-  EXPECT_EQ(d.logits_stage, 256 + 2 * h * 4 * 2 + 2 * v * 4);
+  DecoderActivationTerms d = decoder_activation_terms(config_4b(), 3, 2, DType::kF32);
+  EXPECT_EQ(d.logits, 2 * v * 4);
+  EXPECT_EQ(d.visual_rows, 256);  // 12 bytes
+  EXPECT_EQ(d.final_norm_stage, 2 * h * 4 * 2);
+  // attention: norm 3·2560·4 = 30720, qkv 3·6144·4 = 73728, out 3·4096·4 = 49152 (all multiples of 256)
+  EXPECT_EQ(d.attention_stage, 30720 + 73728 + 49152);
 }
 
 TEST(Activations, DecoderLogitsRowsAreBoundedByTheStep) {
@@ -94,9 +101,16 @@ TEST(Activations, DecoderLogitsRowsAreBoundedByTheStep) {
 }
 
 TEST(Activations, StepInputs) {
-  // 2048 rows, 4 sequences of 256 pages: ids 8192, positions 24576, slots 8192, query_start 20 -> 256,
-  // context_len 16 -> 256, page_table 4 × 256 × 4 = 4096.
-  EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 24576 + 8192 + 256 + 256 + 4096);
+  // 2048 rows, 4 sequences of 256 pages: ids 8192, logits rows 16 -> 256, positions 24576,
+  // slots 8192, query_start 20 -> 256, context_len 16 -> 256, page_table 4 × 256 × 4 = 4096.
+  EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 256 + 24576 + 8192 + 256 + 256 + 4096);
+}
+
+TEST(Activations, VisionSegmentsSizeCuSeqlens) {
+  // 70 segments -> 71 i32 = 284 bytes -> 512.
+  VisionActivationTerms v = vision_activation_terms(config_4b(), 4096, DType::kBF16, 70);
+  EXPECT_EQ(v.cu_seqlens, 512);
+  EXPECT_THROW(vision_activation_terms(config_4b(), 8, DType::kBF16, 3), CheckFailure);
 }
 
 }  // namespace

@@ -45,8 +45,8 @@ TEST(ByteSize, PlainBytes) {
 }
 
 TEST(ByteSize, RejectsGarbageWithTheText) {
-  for (const char* bad : {"", "GiB", "-1G", "8 GiB extra", "8XB", "1.5", "1.2.3G", "99999999999999999999",
-                          "5000000000G", "8 G B"}) {
+  for (const char* bad :
+       {"", "GiB", "-1G", "8 GiB extra", "8XB", "1.5", "1.2.3G", "99999999999999999999", "5000000000G", "8 G B"}) {
     Result<int64_t> r = parse_byte_size(bad);
     ASSERT_FALSE(r.is_ok()) << "accepted '" << bad << "'";
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);

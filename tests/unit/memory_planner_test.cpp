@@ -1,0 +1,348 @@
+// The memory planner: exact weight bytes (arithmetic from spec §1–2 written out below), KV bytes
+// per token, the budget and the verdict, monotonicity, the image-size bound, offloading.
+// Suggestions and auto-fit: memory_fit_test.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "image/image.h"
+#include "memory/planner.h"
+#include "model/presets.h"
+
+namespace qvl {
+namespace {
+
+ModelConfig preset(const char* name, bool fp8 = false) {
+  return preset_config(name, fp8).value();
+}
+
+MemoryPlan plan_ok(const ModelConfig& c, const RuntimeOptions& o, const DeviceFacts& d = {}) {
+  Result<MemoryPlan> p = plan(c, o, d);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? std::move(p).value() : MemoryPlan{};
+}
+
+// ---- weights: spec §1.1 shapes, §2 tensors. Norm weights and biases are F32 on the device,
+// BF16 weights 2 bytes, FP8 weights 1 byte + a BF16 scale per 128×128 block. ----
+
+struct Shapes {
+  int64_t H, L, Hq, I;     // text
+  int64_t D, F, O, depth;  // vision
+  bool tied;
+};
+constexpr int64_t kV = 151936, kKv = 8 * 128, kDeepstack = 3;
+constexpr Shapes k2B{2048, 28, 16, 6144, 1024, 4096, 2048, 24, true};
+constexpr Shapes k4B{2560, 36, 32, 9728, 1024, 4096, 2560, 24, true};
+constexpr Shapes k8B{4096, 36, 32, 12288, 1152, 4304, 4096, 27, false};
+
+int64_t blocks(int64_t n) {
+  return (n + 127) / 128;
+}
+
+int64_t vision_bytes(const Shapes& s) {
+  const int64_t D = s.D, F = s.F, O = s.O, M = 4 * D;
+  int64_t patch = D * 3 * 2 * 16 * 16 * 2 + D * 4;  // Conv3d weight + bias
+  int64_t pos = 2304 * D * 2;
+  int64_t block = 4 * D * 4                                               // norm1, norm2 weight + bias
+                  + 3 * D * D * 2 + 3 * D * 4                             // qkv
+                  + D * D * 2 + D * 4                                     // proj
+                  + F * D * 2 + F * 4                                     // fc1
+                  + D * F * 2 + D * 4;                                    // fc2
+  int64_t merger = 2 * D * 4 + M * M * 2 + M * 4 + O * M * 2 + O * 4;     // LN over D
+  int64_t deepstack = 2 * M * 4 + M * M * 2 + M * 4 + O * M * 2 + O * 4;  // LN over 4D
+  return patch + pos + s.depth * block + merger + kDeepstack * deepstack;
+}
+
+int64_t layer_bytes(const Shapes& s, bool fp8) {
+  const int64_t H = s.H, q = s.Hq * 128, I = s.I;
+  const int64_t norms = 2 * H * 4 + 2 * 128 * 4;  // input/post norms, q_norm, k_norm
+  const int64_t elems = q * H + 2 * kKv * H + H * q + 2 * I * H + H * I;
+  if (!fp8) return norms + elems * 2;
+  const int64_t scales = blocks(q) * blocks(H) + 2 * blocks(kKv) * blocks(H) + blocks(H) * blocks(q) +
+                         2 * blocks(I) * blocks(H) + blocks(H) * blocks(I);
+  return norms + elems + scales * 2;
+}
+
+void expect_weights(const char* name, const Shapes& s, bool fp8) {
+  SCOPED_TRACE(std::string(name) + (fp8 ? " fp8" : " bf16"));
+  WeightBytes w = weight_bytes(preset(name, fp8));
+  EXPECT_EQ(w.vision, vision_bytes(s));
+  EXPECT_EQ(w.decoder_layers, s.L * layer_bytes(s, fp8));
+  EXPECT_EQ(w.decoder_other, s.H * 4);  // final norm
+  EXPECT_EQ(w.embeddings, kV * s.H * 2);
+  EXPECT_EQ(w.lm_head, s.tied ? 0 : kV * s.H * 2);  // tied: counted once, under embeddings
+}
+
+TEST(PlannerWeights, ExactBytesBf16AndFp8) {
+  for (bool fp8 : {false, true}) {
+    expect_weights("2b", k2B, fp8);
+    expect_weights("4b", k4B, fp8);
+    expect_weights("8b", k8B, fp8);
+  }
+}
+
+TEST(PlannerWeights, TotalsAsEvaluated) {
+  // The sums above evaluated (python, same formulas): a second guard against a formula slip.
+  EXPECT_EQ(weight_bytes(preset("2b")).total(), 4256055296);        // 3.96 GiB
+  EXPECT_EQ(weight_bytes(preset("4b", true)).total(), 5243899008);  // 4.88 GiB
+  EXPECT_EQ(weight_bytes(preset("8b")).total(), 17535787968);       // 16.33 GiB
+  // 8B FP8 at 9.86 GiB matches the 9.87 GiB measured for an FP8 8B with a BF16 vision tower
+  // (reference/anchors-serving.md §4).
+  EXPECT_EQ(weight_bytes(preset("8b", true)).total(), 10590868416);
+}
+
+TEST(PlannerWeights, Fp8OptionQuantizesLikeTheFp8Checkpoint) {
+  RuntimeOptions o;
+  o.fp8_weights = true;
+  ModelConfig c = effective_config(preset("4b"), o);
+  EXPECT_TRUE(c.quant.fp8);
+  EXPECT_EQ(weight_bytes(c).total(), weight_bytes(preset("4b", true)).total());
+  // The vision tower and the embeddings stay BF16.
+  EXPECT_EQ(weight_bytes(c).vision, weight_bytes(preset("4b")).vision);
+}
+
+TEST(PlannerWeights, LargestLayerIsOneAlignedLayer) {
+  // Every 4B BF16 layer tensor is a multiple of 256 bytes, so the aligned layer equals the layer.
+  EXPECT_EQ(weight_bytes(preset("4b")).largest_layer, layer_bytes(k4B, false));
+}
+
+// ---- KV cache ----
+
+TEST(PlannerKv, BytesPerToken) {
+  RuntimeOptions o;
+  // 2 (K, V) × layers × 8 kv heads × 128 × 2 bytes.
+  EXPECT_EQ(plan_ok(preset("2b"), o).kv_bytes_per_token, 2 * 28 * 8 * 128 * 2);
+  EXPECT_EQ(plan_ok(preset("2b"), o).kv_bytes_per_token, 114688);
+  EXPECT_EQ(plan_ok(preset("4b"), o).kv_bytes_per_token, 147456);
+  o.kv_dtype = DType::kF8E4M3;
+  EXPECT_EQ(plan_ok(preset("4b"), o).kv_bytes_per_token, 147456 / 2);
+}
+
+TEST(PlannerKv, PagesAndRounding) {
+  RuntimeOptions o;
+  o.context_tokens = 4000;  // 250 pages of 16
+  o.concurrency = 3;
+  MemoryPlan p = plan_ok(preset("4b"), o);
+  EXPECT_EQ(p.kv_page_bytes, 147456 * 16);
+  EXPECT_EQ(p.kv_pages_per_seq, 250);
+  EXPECT_EQ(p.kv_required_pages, 750);
+  // 750 × 2,359,296 = 1,769,472,000 = 1687.5 MiB -> 1688 MiB in 2 MiB pages.
+  EXPECT_EQ(p.kv_required_bytes, 1688 * kMiB);
+}
+
+// ---- budget and verdict ----
+
+TEST(PlannerVerdict, FitsExactlyAtPeakPlusMargin) {
+  RuntimeOptions o;
+  MemoryPlan need = plan_ok(preset("2b"), o);
+  o.gpu_memory_bytes = need.peak_bytes + need.margin_bytes;
+  MemoryPlan p = plan_ok(preset("2b"), o);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.shortfall_bytes, 0);
+  EXPECT_GE(p.kv_capacity_pages, p.kv_required_pages);
+  EXPECT_TRUE(p.suggestions.empty());
+
+  o.gpu_memory_bytes -= 1;
+  p = plan_ok(preset("2b"), o);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.shortfall_bytes, 1);
+  EXPECT_LT(p.kv_capacity_pages, p.kv_required_pages);
+  EXPECT_FALSE(p.suggestions.empty());
+}
+
+TEST(PlannerVerdict, PeakIsTheSumOfItsParts) {
+  RuntimeOptions o;
+  o.gpu_memory_bytes = 8 * kGiB;
+  o.max_image_tokens = 1024;
+  MemoryPlan p = plan_ok(preset("4b", true), o);
+  EXPECT_EQ(p.fixed_bytes, p.weights_device + p.offload_staging + p.cuda_context + p.cuda_modules +
+                               p.backend_workspace + p.activation_arena + p.step_inputs);
+  EXPECT_EQ(p.peak_bytes, p.fixed_bytes + p.kv_required_bytes);
+  EXPECT_EQ(p.activation_arena,
+            round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), kDeviceGranularity));
+  // Every top-level allocation is whole 2 MiB pages.
+  for (int64_t a : {p.weights_device, p.activation_arena, p.step_inputs, p.kv_required_bytes, p.backend_workspace})
+    EXPECT_EQ(a % kDeviceGranularity, 0) << a;
+  // KV capacity is what the budget leaves, in whole pages.
+  int64_t room = round_down(p.budget_bytes - p.margin_bytes - p.fixed_bytes, kDeviceGranularity);
+  EXPECT_EQ(p.kv_capacity_pages, room / p.kv_page_bytes);
+  EXPECT_EQ(p.kv_capacity_tokens, p.kv_capacity_pages * 16);
+}
+
+TEST(PlannerVerdict, NoBudgetWithoutGpuOrOption) {
+  MemoryPlan p = plan_ok(preset("2b"), RuntimeOptions{});
+  EXPECT_FALSE(p.has_budget);
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.kv_capacity_tokens, 0);
+  EXPECT_GT(p.peak_bytes, 0);
+}
+
+TEST(PlannerVerdict, BudgetFromFreeMemoryMinusReserve) {
+  DeviceFacts d;
+  d.present = true;
+  d.name = "GPU 0 test";
+  d.compute_capability = 89;
+  d.sm_count = 24;
+  d.free_bytes = 7 * kGiB;
+  RuntimeOptions o;
+  MemoryPlan p = plan_ok(preset("2b"), o, d);
+  ASSERT_TRUE(p.has_budget);
+  // The free memory was measured with this process's context already made: the planned context
+  // (8 MiB + 24 SMs × 2980 KiB for sm_89) is added back so it is not counted twice.
+  EXPECT_EQ(p.cuda_context, 8 * kMiB + 24 * 2980 * kKiB);
+  EXPECT_EQ(p.budget_bytes, 7 * kGiB - 256 * kMiB + p.cuda_context);
+  // --gpu-memory wins over the device.
+  o.gpu_memory_bytes = 3 * kGiB;
+  EXPECT_EQ(plan_ok(preset("2b"), o, d).budget_bytes, 3 * kGiB);
+}
+
+TEST(PlannerVerdict, CudaOverheadOverride) {
+  RuntimeOptions o;
+  o.cuda_overhead_bytes = 300 * kMiB;
+  MemoryPlan p = plan_ok(preset("2b"), o);
+  EXPECT_TRUE(p.runtime_overridden);
+  EXPECT_EQ(p.cuda_context, 300 * kMiB);
+  EXPECT_EQ(p.cuda_modules, 0);
+  EXPECT_GT(p.backend_workspace, 64 * kMiB);  // cuBLASLt + FP8 dequant (32 MiB each) + decode splits
+}
+
+TEST(PlannerVerdict, ArchTable) {
+  EXPECT_EQ(arch_overheads(90).compute_capability, 90);
+  EXPECT_EQ(arch_overheads(87).compute_capability, 86);  // nearest lower of the same major
+  EXPECT_EQ(arch_overheads(75).compute_capability, 0);   // unknown
+  EXPECT_EQ(arch_overheads(0).compute_capability, 0);
+}
+
+// ---- monotonicity ----
+
+TEST(PlannerMonotone, PeakGrowsWithEveryKnob) {
+  const ModelConfig c = preset("4b", true);
+  auto peak = [&](auto&& set, int64_t v) {
+    RuntimeOptions o;
+    o.max_image_tokens = 1024;
+    set(o, v);
+    return plan_ok(c, o).peak_bytes;
+  };
+  auto context = [](RuntimeOptions& o, int64_t v) { o.context_tokens = v; };
+  auto concurrency = [](RuntimeOptions& o, int64_t v) { o.concurrency = static_cast<int>(v); };
+  auto image = [](RuntimeOptions& o, int64_t v) { o.max_image_tokens = v; };
+  auto chunk = [](RuntimeOptions& o, int64_t v) { o.prefill_chunk = v; };
+  for (int64_t v = 1024; v < 65536; v *= 2) EXPECT_LT(peak(context, v), peak(context, 2 * v)) << v;
+  for (int64_t v = 1; v < 64; v *= 2) EXPECT_LT(peak(concurrency, v), peak(concurrency, 2 * v)) << v;
+  for (int64_t v = 64; v < 4096; v *= 2) EXPECT_LE(peak(image, v), peak(image, 2 * v)) << v;
+  EXPECT_LT(peak(image, 256), peak(image, 4096));
+  // Small chunks hide under the vision encoder's scratch in the shared arena: never less, though.
+  for (int64_t v = 128; v < 4096; v *= 2) EXPECT_LE(peak(chunk, v), peak(chunk, 2 * v)) << v;
+  EXPECT_LT(peak(chunk, 256), peak(chunk, 4096));
+}
+
+TEST(PlannerMonotone, CapacityGrowsWithBudgetAndShrinksWithWeights) {
+  RuntimeOptions o;
+  int64_t last = -1;
+  for (int64_t gib = 6; gib <= 12; ++gib) {
+    o.gpu_memory_bytes = gib * kGiB;
+    int64_t cap = plan_ok(preset("4b", true), o).kv_capacity_tokens;
+    EXPECT_GT(cap, last) << gib;
+    last = cap;
+  }
+  o.gpu_memory_bytes = 12 * kGiB;
+  EXPECT_GT(plan_ok(preset("4b", true), o).kv_capacity_tokens, plan_ok(preset("4b"), o).kv_capacity_tokens);
+}
+
+TEST(PlannerMonotone, MaxContextFitsAndOneMorePageDoesNot) {
+  RuntimeOptions o;
+  o.gpu_memory_bytes = 7 * kGiB;
+  o.max_image_tokens = 1024;
+  MemoryPlan p = plan_ok(preset("4b", true), o);
+  ASSERT_GT(p.max_context, 4096);
+  o.context_tokens = p.max_context;
+  EXPECT_TRUE(plan_ok(preset("4b", true), o).fits);
+  o.context_tokens = p.max_context + 1;
+  EXPECT_FALSE(plan_ok(preset("4b", true), o).fits);
+}
+
+// ---- images ----
+
+TEST(PlannerImages, OneMegapixel) {
+  RuntimeOptions o;
+  o.max_image_pixels = 1 << 20;  // 1024 × 1024: 1024 tokens, 4096 patches
+  MemoryPlan p = plan_ok(preset("4b"), o);
+  EXPECT_EQ(p.image_tokens, 1024);
+  EXPECT_EQ(p.image_patches, 4096);
+  o.max_image_pixels = 0;
+  o.max_image_tokens = 1024;
+  EXPECT_EQ(plan_ok(preset("4b"), o).image_tokens, 1024);
+}
+
+TEST(PlannerImages, CappedByTheContext) {
+  RuntimeOptions o;  // the model's max_pixels: 16384 tokens, more than a 4096 context holds
+  MemoryPlan p = plan_ok(preset("4b"), o);
+  EXPECT_EQ(p.image_tokens, 4096);
+  o.context_tokens = 32;  // below the smallest image (65536 px = 64 tokens)
+  p = plan_ok(preset("4b"), o);
+  EXPECT_EQ(p.image_tokens, 0);
+  EXPECT_EQ(p.vision.peak(), 0);
+}
+
+TEST(PlannerImages, BoundHoldsForEveryImageSize) {
+  // The bound must cover what image/ really produces, extreme aspect ratios included.
+  const PreprocessorConfig pre;
+  for (int64_t cap_tokens : {64, 100, 256, 1024, 2500}) {
+    image::PreprocessOptions io;
+    io.max_image_tokens = cap_tokens;
+    const int64_t bound = max_image_tokens(pre, 0, cap_tokens);
+    EXPECT_GE(bound, cap_tokens);
+    int64_t worst = 0;
+    for (int h = 8; h <= 6000; h += (h < 200 ? 7 : 97)) {
+      for (int w : {h / 200 + 1, h / 50 + 1, h / 3 + 1, h, 2 * h, 50 * h, 199 * h}) {
+        Result<image::ResizeTarget> t = image::target_size(h, w, io);
+        if (!t.is_ok()) continue;  // aspect ratio over 200
+        worst = std::max<int64_t>(worst, static_cast<int64_t>(t->height) * t->width / 1024);
+      }
+    }
+    EXPECT_LE(worst, bound) << "cap " << cap_tokens;
+  }
+  // For ordinary caps the bound is the cap itself.
+  EXPECT_EQ(max_image_tokens(pre, 1 << 20, 0), 1024);
+  EXPECT_EQ(max_image_tokens(pre, 0, 0), 16384);
+}
+
+// ---- offload ----
+
+TEST(PlannerOffload, MovesLayersToHostThroughTwoStagingBuffers) {
+  RuntimeOptions o;
+  MemoryPlan base = plan_ok(preset("4b"), o);
+  o.offload_layers = 10;
+  MemoryPlan p = plan_ok(preset("4b"), o);
+  const int64_t layer = base.weights.largest_layer;
+  EXPECT_EQ(p.weights_offloaded, 10 * layer);
+  EXPECT_EQ(p.offload_staging, round_up(2 * layer, kDeviceGranularity));
+  EXPECT_EQ(p.weights_device,
+            round_up(base.weights.total() + base.weights.alignment_padding - 10 * layer, kDeviceGranularity));
+  EXPECT_LT(p.peak_bytes, base.peak_bytes);
+  // Two offloaded layers stream through two buffers: no saving.
+  o.offload_layers = 2;
+  EXPECT_GE(plan_ok(preset("4b"), o).peak_bytes, base.peak_bytes);
+}
+
+// ---- options ----
+
+TEST(PlannerOptions, ErrorsNameTheOption) {
+  auto err = [](auto&& set) {
+    RuntimeOptions o;
+    set(o);
+    Result<MemoryPlan> r = plan(preset("2b"), o, {});
+    EXPECT_FALSE(r.is_ok());
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  EXPECT_NE(err([](RuntimeOptions& o) { o.context_tokens = 0; }).find("--context 0"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.context_tokens = 300000; }).find("262144"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.concurrency = 0; }).find("--concurrency 0"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.offload_layers = 29; }).find("28 decoder layers"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.prefill_chunk = 0; }).find("--prefill-chunk 0"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.kv_dtype = DType::kF32; }).find("--kv-dtype"), std::string::npos);
+  EXPECT_NE(err([](RuntimeOptions& o) { o.max_image_pixels = 100; }).find("--max-image-pixels 100"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qvl
