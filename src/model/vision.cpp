@@ -1,0 +1,141 @@
+// The vision tower (spec §5): patch embedding + interpolated learned positions, pre-norm ViT
+// blocks with 2-D RoPE and per-image attention, the 2×2 patch merger and the deepstack mergers.
+// Arena layout (memory/activations.h): outputs first (they outlive the call), then x, the rope
+// table and cu_seqlens for the whole pass, then one stage at a time above them.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace qvl {
+
+Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> images, Arena& arena) const {
+  const VisionConfig& vc = config_.vision;
+  const VisionWeights& w = weights_.vision;
+  if (images.empty()) return invalid_argument("encode_images: no images");
+  std::vector<ImageGrid> grids;
+  for (size_t i = 0; i < images.size(); ++i) {
+    QVL_RETURN_IF_ERROR(validate_grid(images[i].grid, vc, static_cast<int>(i)));
+    if (!images[i].pixel_values) return invalid_argument("image " + std::to_string(i) + ": no pixel values");
+    grids.push_back(images[i].grid);
+  }
+  const VisionLayout layout = vision_layout(vc, grids);
+  const int64_t N = layout.num_patches, M = layout.num_tokens;
+  const int64_t D = vc.hidden_size, O = vc.out_hidden_size, P = vc.patch_dim();
+  const int dh = vc.head_dim();
+  const DType act = backend_.activation_dtype();
+
+  // Outputs: merged embeddings and deepstack features, [M, O] each; held by the caller.
+  VisionOutput out;
+  out.embeds = arena.alloc(act, {M, O});
+  for (int j = 0; j < num_deepstack(); ++j) out.deepstack.push_back(arena.alloc(act, {M, O}));
+  out.token_offsets = layout.token_offsets;
+  const size_t outputs_end = arena.used();
+
+  // Live through the pass: hidden state, rotary table, attention segments.
+  Tensor x = arena.alloc(act, {N, D});                                              // [N, D]
+  Tensor rope = upload(arena, DType::kF32, {N, 2, dh}, layout.rope.data());         // [N, 2, dh] cos | sin
+  const int64_t num_segments = static_cast<int64_t>(layout.cu_seqlens.size());
+  VisionSegments seg{upload(arena, DType::kI32, {num_segments}, layout.cu_seqlens.data()), layout.cu_seqlens,
+                     layout.max_seqlen};
+  const size_t stage = arena.used();
+
+  // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches.
+  {
+    Tensor pixels = arena.alloc(act, {N, P});  // [N, C·T·P·P]
+    int64_t row = 0;
+    std::vector<uint16_t> bf16;
+    for (const ImageInput& img : images) {
+      const int64_t n = img.grid.num_patches();
+      Tensor dst = pixels.rows(row, row + n);
+      if (act == DType::kF32) {
+        backend_.copy_to_device(dst, img.pixel_values);
+      } else {  // the reference casts pixel_values to the tower's dtype before the Conv3d
+        QVL_CHECK(act == DType::kBF16) << "activation dtype " << dtype_name(act);
+        bf16.resize(n * P);
+        for (int64_t i = 0; i < n * P; ++i) bf16[i] = float_to_bf16(img.pixel_values[i]);
+        backend_.copy_to_device(dst, bf16.data());
+      }
+      row += n;
+    }
+    backend_.linear(x, pixels, w.patch_embed, {});
+    // + learned positions, bilinearly resampled to each image's grid.
+    Tensor idx = upload(arena, DType::kI32, {N, 4}, layout.interp_index.data());
+    Tensor wts = upload(arena, DType::kF32, {N, 4}, layout.interp_weight.data());
+    backend_.add_interpolated(x, w.pos_embed, idx, wts);
+    arena.reset(stage);
+  }
+  dump(kStagePatchEmbed, -1, x);
+
+  for (int b = 0; b < vc.depth; ++b) {
+    vision_block(w.blocks[b], x, rope, seg, arena);
+    dump(kStageVisionBlock, b, x);
+    for (int j = 0; j < num_deepstack(); ++j) {
+      if (vc.deepstack_visual_indexes[j] != b) continue;
+      patch_merger(w.deepstack_mergers[j], out.deepstack[j], x, arena);
+      dump(kStageDeepstack, j, out.deepstack[j]);
+    }
+  }
+  patch_merger(w.merger, out.embeds, x, arena);
+  dump(kStageMerger, -1, out.embeds);
+  arena.reset(outputs_end);
+  return out;
+}
+
+// x += proj(attention(rope(qkv(LN1(x))))); x += fc2(gelu_tanh(fc1(LN2(x)))).
+void Qwen3VLModel::vision_block(const VisionBlockWeights& w, Tensor x, const Tensor& rope, const VisionSegments& seg,
+                                Arena& arena) const {
+  const VisionConfig& vc = config_.vision;
+  const int64_t N = x.dim(0), D = vc.hidden_size, F = vc.intermediate_size;
+  const int nh = vc.num_heads, dh = vc.head_dim();
+  const float eps = static_cast<float>(vc.layer_norm_eps);
+  const DType act = backend_.activation_dtype();
+  const size_t mark = arena.used();
+
+  // Attention: full (non-causal) inside each image's segment.
+  Tensor h = arena.alloc(act, {N, D});
+  backend_.layer_norm(h, x, w.norm1_w, w.norm1_b, eps);
+  Tensor qkv = arena.alloc(act, {N, 3 * D});  // [N, 3, nh, dh]
+  backend_.linear(qkv, h, w.qkv, {});
+  backend_.vision_rope(qkv, rope, nh, dh);
+  Tensor attn = arena.alloc(act, {N, D});  // [N, nh·dh]
+  backend_.vision_attention(attn, qkv, seg, nh, dh, 1.0f / std::sqrt(static_cast<float>(dh)));
+  backend_.linear(x, attn, w.proj, {Activation::kNone, x});
+  arena.reset(mark);
+
+  // MLP.
+  h = arena.alloc(act, {N, D});
+  backend_.layer_norm(h, x, w.norm2_w, w.norm2_b, eps);
+  Tensor f = arena.alloc(act, {N, F});
+  backend_.linear(f, h, w.fc1, {Activation::kGeluTanh, {}});
+  backend_.linear(x, f, w.fc2, {Activation::kNone, x});
+  arena.reset(mark);
+}
+
+// 2×2 patch merger: 4 consecutive rows (one merge block) become one [4D] row, then
+// fc2(gelu_erf(fc1(.))). The final merger normalises each patch over D before the shuffle;
+// deepstack mergers normalise the shuffled 4D row.
+void Qwen3VLModel::patch_merger(const MergerWeights& w, Tensor out, const Tensor& x, Arena& arena) const {
+  const VisionConfig& vc = config_.vision;
+  const int64_t N = x.dim(0), D = vc.hidden_size, U = vc.merge_unit(), M = N / U;
+  const float eps = static_cast<float>(vc.layer_norm_eps);
+  const DType act = backend_.activation_dtype();
+  const size_t mark = arena.used();
+
+  Tensor ln;
+  if (w.postshuffle_norm) {
+    ln = arena.alloc(act, {M, U * D});
+    backend_.layer_norm(ln, x.reshape({M, U * D}), w.norm_w, w.norm_b, eps);
+  } else {
+    ln = arena.alloc(act, {N, D});
+    backend_.layer_norm(ln, x, w.norm_w, w.norm_b, eps);
+    ln = ln.reshape({M, U * D});
+  }
+  Tensor f = arena.alloc(act, {M, U * D});
+  backend_.linear(f, ln, w.fc1, {Activation::kGeluErf, {}});
+  backend_.linear(out, f, w.fc2, {});
+  arena.reset(mark);
+}
+
+}  // namespace qvl
