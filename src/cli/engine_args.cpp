@@ -1,0 +1,89 @@
+#include "cli/engine_args.h"
+
+#include <thread>
+
+#include "memory/byte_size.h"
+#ifdef QVL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace qvl::cli {
+
+void add_engine_args(CLI::App& app, EngineArgs* a) {
+  app.add_option("--backend", a->backend, "cpu, cuda or auto (CUDA when a GPU is usable)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--threads", a->threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--gpu", a->gpu, "CUDA device ordinal (0)");
+  app.add_option("--gpu-memory", a->gpu_memory, "GPU memory budget, e.g. 6GiB (default: free memory minus --reserve)");
+  app.add_option("--reserve", a->reserve, "Left free for other programs when the budget is the free memory (256MiB)");
+  app.add_option("--context", a->context, "Tokens per sequence: prompt (text + image tokens) and answer (4096)");
+  app.add_option("--max-image-pixels", a->max_image_pixels, "Largest image in pixels (the model's max_pixels)");
+  app.add_option("--max-image-tokens", a->max_image_tokens, "Largest image in merged tokens");
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step (2048)");
+  app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+}
+
+Result<BackendChoice> make_backend(const EngineArgs& args) {
+  BackendChoice out;
+  bool want_cuda = args.backend == "cuda";
+#ifdef QVL_HAVE_CUDA
+  if (args.backend == "auto") want_cuda = cuda_device_count() > 0;
+  if (want_cuda) {
+    QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(args.gpu));
+    CudaBackendOptions opts;
+    opts.device = args.gpu;
+    QVL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_cuda_backend(opts));
+    // Free memory after this process made its context and the backend its workspaces.
+    QVL_ASSIGN_OR_RETURN(CudaDeviceInfo now, cuda_device_info(args.gpu));
+    out.backend = std::move(backend);
+    out.device.present = true;
+    out.device.name = info.name;
+    out.device.compute_capability = info.compute_capability;
+    out.device.sm_count = info.multiprocessors;
+    out.device.total_bytes = static_cast<int64_t>(info.total_memory);
+    out.device.free_bytes = static_cast<int64_t>(now.free_memory);
+    return out;
+  }
+#else
+  if (want_cuda) return failed_precondition("--backend cuda: this qvl was built without the CUDA backend");
+#endif
+  if (args.threads < 0) return invalid_argument("--threads " + std::to_string(args.threads) + " must be >= 0");
+  const int threads =
+      args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  out.backend = make_cpu_backend(threads);
+  return out;
+}
+
+Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string& model_dir, const DeviceFacts& device,
+                                      int concurrency) {
+  LoadOptions o;
+  o.model_dir = model_dir;
+  RuntimeOptions& rt = o.runtime;
+  if (args.context < 2) return invalid_argument("--context " + std::to_string(args.context) + " must be >= 2");
+  rt.context_tokens = args.context;
+  rt.concurrency = concurrency;
+  rt.max_image_pixels = args.max_image_pixels;
+  rt.max_image_tokens = args.max_image_tokens;
+  if (args.prefill_chunk < 1)
+    return invalid_argument("--prefill-chunk " + std::to_string(args.prefill_chunk) + " must be >= 1");
+  rt.prefill_chunk = args.prefill_chunk;
+  rt.kv_dtype = args.kv_dtype == "fp8" ? DType::kF8E4M3 : DType::kBF16;
+  if (!args.gpu_memory.empty() && !device.present)
+    return invalid_argument("--gpu-memory " + args.gpu_memory + " applies to the CUDA backend; this run uses the CPU");
+  if (!args.gpu_memory.empty()) {
+    auto b = parse_byte_size(args.gpu_memory);
+    if (!b.is_ok()) return b.status().with_context("--gpu-memory");
+    rt.gpu_memory_bytes = *b;
+  }
+  if (!args.reserve.empty()) {
+    auto b = parse_byte_size(args.reserve);
+    if (!b.is_ok()) return b.status().with_context("--reserve");
+    rt.reserve_bytes = *b;
+  }
+  o.device = device;
+  o.max_running = concurrency;
+  return o;
+}
+
+}  // namespace qvl::cli

@@ -1,0 +1,138 @@
+#include "engine/loader.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "engine/qwen3vl_runner.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "memory/kv_pool.h"
+#include "model/bind.h"
+#include "model/load.h"
+#include "model/model.h"
+#include "tokenizer/detokenizer.h"
+
+namespace qvl {
+
+namespace {
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+class DetokenizerStream final : public TokenTextStream {
+ public:
+  DetokenizerStream(std::shared_ptr<const Tokenizer> tokenizer, const std::vector<std::string>& stop)
+      : tokenizer_(std::move(tokenizer)), detok_(*tokenizer_, DetokenizerOptions{true, stop}) {}
+  Piece push(int32_t token) override {
+    StreamingDetokenizer::Step s = detok_.push(token);
+    return {std::move(s.text), s.stopped};
+  }
+  std::string finish() override { return detok_.finish().text; }
+
+ private:
+  std::shared_ptr<const Tokenizer> tokenizer_;  // first: the detokenizer refers to it
+  StreamingDetokenizer detok_;
+};
+
+}  // namespace
+
+TextStreamFactory make_text_streams(std::shared_ptr<const Tokenizer> tokenizer) {
+  QVL_CHECK(tokenizer != nullptr);
+  return [tokenizer](const std::vector<std::string>& stop) {
+    return std::unique_ptr<TokenTextStream>(new DetokenizerStream(tokenizer, stop));
+  };
+}
+
+std::string explain_plan_shortfall(const MemoryPlan& plan) {
+  std::string s = "the model does not fit: it needs " + mib(plan.peak_bytes + plan.margin_bytes) +
+                  " but the budget is " + mib(plan.budget_bytes) + " (" + plan.budget_source + "), " +
+                  mib(plan.shortfall_bytes) + " short";
+  if (!plan.suggestions.empty()) {
+    s += ". Cheapest changes:";
+    for (const auto& sg : plan.suggestions) {
+      s += "\n  " + sg.flag + " — " + sg.description + " (saves " + mib(sg.saves_bytes) + ")";
+      if (sg.fits_alone) s += ", fits alone";
+    }
+  }
+  return s;
+}
+
+Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptions& options) {
+  QVL_CHECK(backend != nullptr);
+  LoadedModel m;
+  QVL_ASSIGN_OR_RETURN(m.config, load_model_config(options.model_dir));
+  const bool on_cpu = backend->device() == Device::kCpu;
+
+  // 1. The plan, before any weight is read.
+  RuntimeOptions rt = options.runtime;
+  rt.activation_dtype = backend->activation_dtype();
+  if (rt.fp8_weights && !m.config.quant.fp8)
+    return unimplemented("FP8 weights need an FP8 checkpoint (e.g. Qwen/Qwen3-VL-4B-Instruct-FP8); " +
+                         options.model_dir + " is " + m.config.torch_dtype);
+  QVL_ASSIGN_OR_RETURN(m.plan, plan(m.config, rt, options.device));
+  if (m.plan.has_budget && !m.plan.fits) return resource_exhausted(explain_plan_shortfall(m.plan));
+  for (const auto& note : m.plan.notes) log_debug("plan: " + note);
+
+  // 2. Tokenizer, weights, model.
+  const std::string tok_dir = options.tokenizer_dir.empty() ? options.model_dir : options.tokenizer_dir;
+  QVL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::load_dir(tok_dir));
+  QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
+  QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
+  QVL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(*backend, host));
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model,
+                       Qwen3VLModel::create(*backend, m.config, std::move(weights)));
+
+  // 3. Engine limits from the plan's options.
+  m.context_length = std::min<int64_t>(rt.context_tokens, m.config.text.max_position_embeddings);
+  EngineOptions& eo = m.engine_options;
+  eo.max_running = options.max_running > 0 ? options.max_running : std::max(1, rt.concurrency);
+  eo.max_step_tokens = static_cast<int>(std::max<int64_t>(rt.prefill_chunk, eo.max_running));
+  eo.max_context = m.context_length;
+  eo.max_queued = options.max_queued;
+  for (int id : m.config.generation.eos_token_ids) eo.eos_token_ids.push_back(id);
+  const int page = rt.kv_page_tokens;
+  Qwen3VLRunnerOptions ro;
+  ro.limits = runner_limits(eo, page, m.plan.image_patches);
+  ro.kv_dtype = on_cpu ? options.kv_dtype_cpu : rt.kv_dtype;
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                       make_qwen3vl_runner(backend, std::shared_ptr<const Qwen3VLModel>(std::move(model)), ro));
+
+  // 4. The KV pool: up to the plan's capacity (a budget) or `concurrency` full contexts.
+  const KvLayout layout = runner->info().kv_layout;
+  int64_t max_pages = m.plan.has_budget ? m.plan.kv_capacity_pages : m.plan.kv_required_pages;
+  max_pages = std::max<int64_t>(max_pages, (m.context_length + page - 1) / page);
+  const size_t page_bytes = layout.token_bytes() * page;
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRegion> storage,
+                       make_kv_storage(*backend, page_bytes * static_cast<size_t>(max_pages)));
+  KvPoolOptions po;
+  po.page_size = page;
+  po.max_pages = max_pages;
+  // Grow in steps of about 64 MiB (at least one full context), so a short request commits little.
+  po.grow_pages = std::max<int64_t>(
+      {1, (int64_t{64} << 20) / static_cast<int64_t>(page_bytes), (m.context_length + page - 1) / page});
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<KvPagePool> pool, KvPagePool::create(std::move(storage), layout, po));
+
+  // 5. The engine thread.
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                       make_engine(std::move(runner), std::move(pool), make_text_streams(m.tokenizer), eo));
+  m.engine = std::move(engine);
+
+  // What the image pipeline may produce: the checkpoint's processor settings, capped by the plan.
+  const PreprocessorConfig& pc = m.config.preprocessor;
+  image::PreprocessOptions& io = m.image_options;
+  io.min_pixels = pc.min_pixels;
+  io.max_pixels = pc.max_pixels;
+  io.patch_size = pc.patch_size;
+  io.merge_size = pc.merge_size;
+  io.temporal_patch_size = pc.temporal_patch_size;
+  io.max_image_pixels = rt.max_image_pixels;
+  io.max_image_tokens = std::max<int64_t>(1, m.plan.image_tokens);
+  return m;
+}
+
+}  // namespace qvl

@@ -1,0 +1,57 @@
+// Loading a model for serving: model directory -> config, tokenizer, memory plan, weights on the
+// backend, Qwen3VLModel, runner, KV page pool, and a running Engine — the one sequence that
+// `qvl run` and `qvl serve` share. The caller (src/cli) resolves the model name to a directory,
+// makes the backend (CPU or CUDA) and measures the device; everything here is plain data in.
+//
+// Memory: the plan (memory/planner.h) decides before any weight is read. With a budget (a GPU)
+// a plan that does not fit fails at once with the shortfall and the cheapest changes; the KV
+// pool may then grow up to the plan's kv_capacity_pages. Without one (the CPU backend) the pool
+// may grow to what `concurrency` full contexts need.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/factory.h"
+#include "engine/text_stream.h"
+#include "image/image.h"
+#include "memory/planner.h"
+#include "model/config.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qvl {
+
+struct LoadOptions {
+  std::string model_dir;
+  std::string tokenizer_dir;  // "" = model_dir (tokenizer.json + tokenizer_config.json)
+  RuntimeOptions runtime;     // context, concurrency, image caps, prefill chunk, KV dtype/page, budget
+  DeviceFacts device;         // all zero for the CPU backend
+  int max_running = 0;        // running-batch size; 0 = runtime.concurrency
+  int max_queued = 1024;
+  DType kv_dtype_cpu = DType::kF32;  // the CPU backend keeps the cache in fp32 (the oracle's numerics)
+};
+
+struct LoadedModel {
+  ModelConfig config;
+  MemoryPlan plan;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  image::PreprocessOptions image_options;  // preprocessor_config.json + the plan's pixel cap
+  int64_t context_length = 0;              // prompt + completion tokens per request
+  EngineOptions engine_options;
+  std::shared_ptr<Engine> engine;
+};
+
+// Loads everything and starts the engine. Errors name the file, tensor or option at fault.
+Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptions& options);
+
+// Text streams over the tokenizer's streaming detokenizer (special tokens skipped).
+TextStreamFactory make_text_streams(std::shared_ptr<const Tokenizer> tokenizer);
+
+// One paragraph for people: why a plan does not fit and what to change, cheapest first.
+std::string explain_plan_shortfall(const MemoryPlan& plan);
+
+}  // namespace qvl

@@ -1,0 +1,188 @@
+#include "engine/qwen3vl_runner.h"
+
+#include <algorithm>
+
+#include "core/arena.h"
+#include "core/check.h"
+#include "memory/activations.h"
+#include "model/positions.h"
+
+namespace qvl {
+
+int64_t runner_arena_bytes(const ModelConfig& config, const RunnerLimits& limits, DType act) {
+  int64_t vision_features = 0, vision_scratch = 0;
+  if (limits.max_image_patches > 0) {
+    VisionActivationTerms v = vision_activation_terms(config, limits.max_image_patches, act);
+    vision_features = v.features();
+    vision_scratch = v.scratch();
+  }
+  DecoderActivationTerms d = decoder_activation_terms(config, limits.max_step_tokens, limits.max_seqs, act);
+  return vision_features + std::max(vision_scratch, d.peak()) + static_cast<int64_t>(Arena::kAlignment);
+}
+
+namespace {
+
+// The features of one image: rows of the arena's bottom, returned to the arena when destroyed.
+class ArenaFeatures final : public ImageFeatures {
+ public:
+  ArenaFeatures(VisionOutput out, Arena* arena) : out_(std::move(out)), arena_(arena) {}
+  ~ArenaFeatures() override { arena_->reset(0); }
+  int64_t num_tokens() const override { return out_.embeds.dim(0); }
+  const VisionOutput& output() const { return out_; }
+
+ private:
+  VisionOutput out_;
+  Arena* arena_;
+};
+
+class Qwen3VLRunner final : public ModelRunner {
+ public:
+  Qwen3VLRunner(std::shared_ptr<Backend> backend, std::shared_ptr<const Qwen3VLModel> model,
+                const Qwen3VLRunnerOptions& options)
+      : backend_(std::move(backend)), model_(std::move(model)), limits_(options.limits) {
+    const ModelConfig& c = model_->config();
+    info_.vocab_size = c.text.vocab_size;
+    info_.image_token_id = c.tokens.image_token_id;
+    info_.merge_unit = c.vision.merge_unit();
+    info_.max_positions = c.text.max_position_embeddings;
+    info_.kv_layout = KvLayout{options.kv_dtype, c.text.num_hidden_layers, c.text.num_key_value_heads, c.text.head_dim};
+  }
+
+  Status allocate() {
+    const ModelConfig& c = model_->config();
+    const DType act = backend_->activation_dtype();
+    const Device dev = backend_->device();
+    const int64_t arena_bytes_total = runner_arena_bytes(c, limits_, act);
+    QVL_ASSIGN_OR_RETURN(arena_buffer_, backend_->allocate(static_cast<size_t>(arena_bytes_total), "activations"));
+    arena_ = Arena(arena_buffer_.data(), arena_buffer_.size(), dev, "activation arena");
+    const int64_t inputs = step_input_bytes(limits_.max_step_tokens, limits_.max_seqs, limits_.max_pages_per_seq) +
+                           arena_bytes(limits_.max_seqs, DType::kI32);  // + logits rows
+    QVL_ASSIGN_OR_RETURN(inputs_buffer_, backend_->allocate(static_cast<size_t>(inputs), "step inputs"));
+    const size_t logits_bytes = static_cast<size_t>(limits_.max_seqs) * c.text.vocab_size * dtype_size(act);
+    QVL_ASSIGN_OR_RETURN(logits_buffer_, backend_->allocate(std::max<size_t>(logits_bytes, 1), "logits"));
+    if (act != DType::kF32) host_logits_.resize(logits_bytes / sizeof(uint16_t));
+    return Status::ok();
+  }
+
+  const ModelInfo& info() const override { return info_; }
+
+  std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids, const std::vector<PreparedImage>& images,
+                                        int64_t* rope_delta) const override {
+    std::vector<ImageGrid> grids;
+    for (const auto& img : images) grids.push_back(ImageGrid{img.grid_t, img.grid_h, img.grid_w});
+    auto pos = qvl::prompt_positions(prompt_ids, grids, model_->config());
+    // The engine validated pad runs against the grids at submit: a failure here is a bug.
+    QVL_CHECK(pos.is_ok()) << pos.status().to_string();
+    *rope_delta = pos->rope_delta;
+    return std::move(pos->positions);
+  }
+
+  Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) override {
+    QVL_CHECK_EQ(arena_.used(), size_t{0}) << "an image was encoded while another image's features are alive";
+    const VisionConfig& vc = model_->config().vision;
+    if (image.num_patches() > limits_.max_image_patches)
+      return out_of_range("image of " + std::to_string(image.num_patches()) + " patches exceeds the " +
+                          std::to_string(limits_.max_image_patches) + " patches the memory plan holds");
+    const size_t want = static_cast<size_t>(image.num_patches()) * vc.patch_dim();
+    if (image.pixel_values.size() != want)
+      return invalid_argument("image pixel_values hold " + std::to_string(image.pixel_values.size()) +
+                              " floats, the grid needs " + std::to_string(want));
+    ImageInput input{image.pixel_values.data(), ImageGrid{image.grid_t, image.grid_h, image.grid_w}};
+    auto out = model_->encode_images(std::span<const ImageInput>(&input, 1), arena_);
+    if (!out.is_ok()) {
+      arena_.reset(0);
+      return out.status();
+    }
+    return std::unique_ptr<ImageFeatures>(new ArenaFeatures(std::move(out).value(), &arena_));
+  }
+
+  Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits_out) override {
+    const int64_t S = step.num_tokens(), B = step.num_seqs(), P = step.max_pages_per_seq;
+    const int64_t R = static_cast<int64_t>(step.logits_rows.size());
+    QVL_CHECK(S > 0 && S <= limits_.max_step_tokens) << "step of " << S << " rows";
+    QVL_CHECK(B > 0 && B <= limits_.max_seqs) << "step of " << B << " sequences";
+    QVL_CHECK(P > 0 && P <= limits_.max_pages_per_seq) << "page table of " << P << " columns";
+    QVL_CHECK_LE(R, B);
+    const int vocab = info_.vocab_size;
+    QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
+
+    // The step's tables into their fixed device buffer.
+    Arena in(inputs_buffer_.data(), inputs_buffer_.size(), backend_->device(), "step inputs");
+    auto upload = [&](std::initializer_list<int64_t> dims, const std::vector<int32_t>& host) {
+      Tensor t = in.alloc(DType::kI32, dims);
+      QVL_CHECK_EQ(t.numel(), static_cast<int64_t>(host.size()));
+      if (t.numel() > 0) backend_->copy_to_device(t, host.data());
+      return t;
+    };
+    TextBatch batch;
+    batch.num_seqs = static_cast<int>(B);
+    batch.num_tokens = static_cast<int>(S);
+    batch.max_pages_per_seq = static_cast<int>(P);
+    batch.max_context = step.max_context;
+    Tensor token_ids = upload({S}, step.token_ids);
+    batch.positions = upload({S, 3}, step.positions);
+    batch.slots = upload({S}, step.slots);
+    batch.query_start = upload({B + 1}, step.query_start);
+    batch.context_len = upload({B}, step.context_len);
+    batch.page_table = upload({B, P}, step.page_table);
+    // A step that only advances prompts still computes one logits row (discarded): the model's
+    // lm_head stage takes at least one row.
+    const std::vector<int32_t> last_row{static_cast<int32_t>(S - 1)};
+    Tensor logits_rows = R > 0 ? upload({R}, step.logits_rows) : upload({1}, last_row);
+
+    TextStepInputs inputs;
+    inputs.token_ids = token_ids;
+    inputs.logits_rows = logits_rows;
+    for (const ImageRows& rows : step.images) {
+      const auto* f = static_cast<const ArenaFeatures*>(rows.features);
+      VisionOutput::Slice slice = f->output().rows(rows.feature_row, rows.feature_row + rows.count);
+      inputs.visual.push_back({static_cast<int32_t>(rows.step_row), slice.embeds, slice.deepstack});
+    }
+
+    const DType act = backend_->activation_dtype();
+    Tensor logits(logits_buffer_.data(), act, {std::max<int64_t>(R, 1), vocab}, backend_->device());
+    model_->forward(batch, inputs, cache, logits, arena_);
+    if (R == 0) {
+      backend_->synchronize();
+      return Status::ok();
+    }
+    if (act == DType::kF32) {
+      backend_->copy_to_host(logits_out.data(), logits);
+    } else {
+      QVL_CHECK(act == DType::kBF16) << "logits in " << dtype_name(act);
+      auto* host = reinterpret_cast<bf16_bits*>(host_logits_.data());
+      backend_->copy_to_host(host, logits);
+      for (int64_t i = 0; i < R * vocab; ++i) logits_out[static_cast<size_t>(i)] = bf16_to_float(host[i]);
+    }
+    return Status::ok();
+  }
+
+ private:
+  // Declared first so that it is destroyed last: every buffer below belongs to it.
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<const Qwen3VLModel> model_;
+  RunnerLimits limits_;
+  ModelInfo info_;
+  DeviceBuffer arena_buffer_, inputs_buffer_, logits_buffer_;
+  Arena arena_;
+  std::vector<uint16_t> host_logits_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> make_qwen3vl_runner(std::shared_ptr<Backend> backend,
+                                                         std::shared_ptr<const Qwen3VLModel> model,
+                                                         const Qwen3VLRunnerOptions& options) {
+  QVL_CHECK(backend != nullptr && model != nullptr);
+  QVL_CHECK(&model->backend() == backend.get()) << "the model was made on another backend";
+  const RunnerLimits& l = options.limits;
+  if (l.max_step_tokens < 1 || l.max_seqs < 1 || l.max_pages_per_seq < 1 || l.max_image_patches < 0)
+    return invalid_argument("runner limits: step tokens " + std::to_string(l.max_step_tokens) + ", sequences " +
+                            std::to_string(l.max_seqs) + ", pages per sequence " + std::to_string(l.max_pages_per_seq) +
+                            " must be positive");
+  auto runner = std::make_unique<Qwen3VLRunner>(std::move(backend), std::move(model), options);
+  QVL_RETURN_IF_ERROR(runner->allocate());
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+}  // namespace qvl

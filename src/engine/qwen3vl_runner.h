@@ -1,0 +1,35 @@
+// The ModelRunner of the real model: Qwen3VLModel (model/model.h) on a backend. It owns the
+// device memory one engine step needs, allocated once when it is made:
+//   - the activation arena: the largest image's features (kept while that image's prefill runs)
+//     plus the larger of the vision scratch and one decoder step, sized with memory/activations.h
+//     exactly as the planner sizes it;
+//   - the step inputs (token ids, M-RoPE positions, slots, the TextBatch tables, logits rows),
+//     at fixed addresses, and the logits rows of one step.
+// Image features are the bottom of the arena: encode_image requires an empty arena (the engine
+// keeps one image alive at a time) and the features give it back when destroyed.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/model_runner.h"
+#include "model/model.h"
+
+namespace qvl {
+
+struct Qwen3VLRunnerOptions {
+  RunnerLimits limits;
+  DType kv_dtype = DType::kBF16;  // the KV cache's element type (the pool must use the same)
+};
+
+// `model` must have been made on `backend`; both are kept alive by the runner.
+Result<std::unique_ptr<ModelRunner>> make_qwen3vl_runner(std::shared_ptr<Backend> backend,
+                                                         std::shared_ptr<const Qwen3VLModel> model,
+                                                         const Qwen3VLRunnerOptions& options);
+
+// Bytes of the activation arena a runner with `limits` allocates (features of the largest image
+// + max(vision scratch, decoder step)).
+int64_t runner_arena_bytes(const ModelConfig& config, const RunnerLimits& limits, DType activation_dtype);
+
+}  // namespace qvl
