@@ -18,7 +18,7 @@ int64_t VisionActivationTerms::largest_stage() const {
 }
 
 int64_t DecoderActivationTerms::largest_stage() const {
-  return std::max({attention_stage, mlp_stage, final_norm_stage});
+  return std::max({attention_stage, mlp_stage, deepstack_stage, final_norm_stage});
 }
 
 VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t num_patches, DType act,
@@ -72,15 +72,16 @@ DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64
   d.logits_rows = r;
   d.logits = arena_bytes(r * v, act);                      // lm_head out [R, V] (the caller's)
   d.hidden = arena_bytes(s * h, act);                      // x [S, H]
-  d.visual_rows = arena_bytes(s, DType::kI32);             // batch rows of image tokens
   d.attention_stage = arena_bytes(s * h, act)              // input norm [S, H]
                       + arena_bytes(s * qkv, act)          // q|k|v [S, (Hq + 2Hkv)·dh]
                       + arena_bytes(s * tc.q_dim(), act);  // attention out [S, Hq·dh]
   d.mlp_stage = arena_bytes(s * h, act)                    // post-attention norm [S, H]
                 + arena_bytes(s * 2 * i, act)              // gate|up [S, 2I]
                 + arena_bytes(s * i, act);                 // silu(gate)·up [S, I]
-  d.final_norm_stage = arena_bytes(r * h, act)             // logits rows of x [R, H]
-                       + arena_bytes(r * h, act);          // final norm [R, H]
+  if (!config.vision.deepstack_visual_indexes.empty())
+    d.deepstack_stage = arena_bytes(s, DType::kI32);  // batch rows of this step's image tokens
+  d.final_norm_stage = arena_bytes(r * h, act)        // logits rows of x [R, H]
+                       + arena_bytes(r * h, act);     // final norm [R, H]
   return d;
 }
 

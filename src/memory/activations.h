@@ -22,11 +22,12 @@
 // - Decoder step (forward) over S rows (prefill chunks and decode rows together), R logits rows:
 //     logits [R, V] (activation dtype): the caller's output, taken from the arena before the step
 //     (the sampler copies it to the host)
-//     hidden x [S, H], visual rows i32 [S] (the batch rows of this step's image tokens, one
-//     buffer; each VisualRows run uses a row range of it)                     — live to the end
+//     hidden x [S, H]                                                         — live to the end
 //     then one stage at a time:
 //       attention:     h [S, H], qkv [S, (Hq + 2·Hkv)·dh], attn [S, Hq·dh]   (o adds into x)
 //       mlp:           h [S, H], gate_up [S, 2I], act [S, I]                  (down adds into x)
+//       deepstack:     rows i32 [S] (the batch rows of this step's image tokens; each
+//                      VisualRows run scatters through a row range of it) after layers 0..k−1
 //       final norm:    last [R, H] (gathered logits rows), normed [R, H]      (lm_head -> logits)
 //   The step's inputs (token ids, logits rows, positions, slots and the other TextBatch tables)
 //   live in their own fixed buffer (step_input_bytes): CUDA graphs need their addresses fixed.
@@ -71,14 +72,14 @@ struct DecoderActivationTerms {
   int64_t logits_rows = 0;  // R
   int64_t logits = 0;       // [R, V], the caller's, allocated before the step
   int64_t hidden = 0;       // x [S, H]
-  int64_t visual_rows = 0;  // i32 [S]
   int64_t attention_stage = 0;
   int64_t mlp_stage = 0;
+  int64_t deepstack_stage = 0;  // 0 without deepstack taps
   int64_t final_norm_stage = 0;
 
   int64_t largest_stage() const;
   // What forward() itself takes from the arena (everything but the caller's logits).
-  int64_t scratch() const { return hidden + visual_rows + largest_stage(); }
+  int64_t scratch() const { return hidden + largest_stage(); }
   int64_t peak() const { return logits + scratch(); }
 };
 

@@ -217,7 +217,7 @@ std::string plan_json(const MemoryPlan& p, const std::string& model_label, const
                         {"logits_rows", p.decoder.logits_rows},
                         {"logits", p.decoder.logits},
                         {"hidden", p.decoder.hidden},
-                        {"visual_rows", p.decoder.visual_rows},
+                        {"deepstack_stage", p.decoder.deepstack_stage},
                         {"attention_stage", p.decoder.attention_stage},
                         {"mlp_stage", p.decoder.mlp_stage},
                         {"final_norm_stage", p.decoder.final_norm_stage}}}};

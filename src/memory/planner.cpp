@@ -154,8 +154,10 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
                             std::to_string(tc.max_position_embeddings) + "] (max_position_embeddings)");
   if (o.concurrency < 1 || o.concurrency > 4096)
     return invalid_argument("--concurrency " + std::to_string(o.concurrency) + ": must be in [1, 4096]");
-  if (o.prefill_chunk < 1)
-    return invalid_argument("--prefill-chunk " + std::to_string(o.prefill_chunk) + ": must be at least 1");
+  if (o.prefill_chunk < 1 || o.prefill_chunk > (int64_t{1} << 20))
+    return invalid_argument("--prefill-chunk " + std::to_string(o.prefill_chunk) + ": must be in [1, 1048576]");
+  if (o.max_running < 1 || o.max_running > 4096)
+    return invalid_argument("--max-running " + std::to_string(o.max_running) + ": must be in [1, 4096]");
   if (o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF8E4M3)
     return invalid_argument("--kv-dtype " + std::string(dtype_name(o.kv_dtype)) + ": must be bf16 or fp8");
   if (o.kv_page_tokens < 1 || o.kv_page_tokens > 4096)
@@ -228,12 +230,15 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
                         round_up(static_cast<int64_t>(backend_options.dequant_workspace_bytes), gran) +
                         round_up(static_cast<int64_t>(cuda_decode_scratch_bytes(backend_options)), gran);
   QVL_CHECK_GE(p.backend_workspace, static_cast<int64_t>(cuda_backend_workspace_bytes(backend_options)));
-  const int64_t step_rows =
-      std::max<int64_t>(std::min<int64_t>(o.prefill_chunk, o.context_tokens * o.concurrency), o.concurrency);
+  // A step takes up to prefill_chunk rows (the runner's buffers are built for that many) from up
+  // to max_seqs sequences, each wanting at most one logits row.
+  p.max_seqs = std::max(o.max_running, o.concurrency);
+  const int64_t step_rows = o.prefill_chunk;
+  const int64_t logits_rows = std::min(p.max_seqs, step_rows);
 
   // ---- activations ----
   p.vision = vision_activation_terms(p.config, p.image_patches, o.activation_dtype);
-  p.decoder = decoder_activation_terms(p.config, step_rows, o.concurrency, o.activation_dtype);
+  p.decoder = decoder_activation_terms(p.config, step_rows, logits_rows, o.activation_dtype);
   p.activation_arena = round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), gran);
 
   // ---- KV cache ----
@@ -243,7 +248,7 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   p.kv_pages_per_seq = ceil_div(o.context_tokens, o.kv_page_tokens);
   p.kv_required_pages = int64_t{o.concurrency} * p.kv_pages_per_seq;
   p.kv_required_bytes = round_up(p.kv_required_pages * p.kv_page_bytes, gran);
-  p.step_inputs = round_up(step_input_bytes(step_rows, o.concurrency, p.kv_pages_per_seq), gran);
+  p.step_inputs = round_up(step_input_bytes(step_rows, p.max_seqs, p.kv_pages_per_seq), gran);
 
   // ---- totals ----
   p.fixed_bytes = p.weights_device + p.offload_staging + p.runtime_total() + p.activation_arena + p.step_inputs;

@@ -74,14 +74,14 @@ TEST(Activations, DecoderPrefillChunk4B) {
   DecoderActivationTerms d = decoder_activation_terms(config_4b(), s, 1, DType::kBF16);
   EXPECT_EQ(d.logits, v * b);  // 303,872 = 1187 × 256: no padding
   EXPECT_EQ(d.hidden, s * h * b);
-  EXPECT_EQ(d.visual_rows, s * 4);
+  EXPECT_EQ(d.deepstack_stage, s * 4);
   EXPECT_EQ(d.attention_stage, s * h * b + s * qkv * b + s * q * b);
   EXPECT_EQ(d.mlp_stage, s * h * b + s * 2 * i * b + s * i * b);
   EXPECT_EQ(d.final_norm_stage, h * b + h * b);
   EXPECT_EQ(d.largest_stage(), d.mlp_stage);
-  // 10,485,760 + 8,192 + 130,023,424
-  EXPECT_EQ(d.scratch(), 140517376);
-  EXPECT_EQ(d.peak(), 140517376 + 303872);
+  // 10,485,760 + 130,023,424
+  EXPECT_EQ(d.scratch(), 140509184);
+  EXPECT_EQ(d.peak(), 140509184 + 303872);
 }
 
 TEST(Activations, DecoderRowsAreAligned) {
@@ -89,7 +89,7 @@ TEST(Activations, DecoderRowsAreAligned) {
   const int64_t h = 2560, v = 151936;
   DecoderActivationTerms d = decoder_activation_terms(config_4b(), 3, 2, DType::kF32);
   EXPECT_EQ(d.logits, 2 * v * 4);
-  EXPECT_EQ(d.visual_rows, 256);  // 12 bytes
+  EXPECT_EQ(d.deepstack_stage, 256);  // 12 bytes
   EXPECT_EQ(d.final_norm_stage, 2 * h * 4 * 2);
   // attention: norm 3·2560·4 = 30720, qkv 3·6144·4 = 73728, out 3·4096·4 = 49152 (all multiples of 256)
   EXPECT_EQ(d.attention_stage, 30720 + 73728 + 49152);
