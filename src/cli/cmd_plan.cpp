@@ -175,8 +175,8 @@ std::function<int()> setup_plan(CLI::App& app) {
   app.add_option("--max-image-tokens", a->options.max_image_tokens, "Largest image in merged tokens");
   app.add_option("--concurrency", a->options.concurrency, "Sequences that each hold a full context at once (1)");
   app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype: bf16 or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
-  app.add_option("--prefill-chunk", a->options.prefill_chunk, "Rows per decoder step, prefill and decode (512)");
-  app.add_option("--max-running", a->options.max_running, "Sequences in one decoder step (16)");
+  app.add_option("--prefill-chunk", a->options.prefill_chunk, "Rows per decoder step, prefill and decode (2048)");
+  app.add_option("--max-running", a->options.max_running, "Sequences in one decoder step (default: --concurrency)");
   app.add_option("--offload-layers", a->options.offload_layers, "Decoder layers kept in pinned host memory (0)");
   app.add_flag("--auto-fit", a->auto_fit, "Apply the cheapest changes that fit and print what was chosen");
   app.add_flag("--json", a->json, "Print the plan as JSON");

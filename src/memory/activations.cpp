@@ -85,6 +85,18 @@ DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64
   return d;
 }
 
+RunnerBuffers runner_buffers(const ModelConfig& config, const RunnerShape& shape, DType act) {
+  QVL_CHECK(shape.max_seqs >= 1 && shape.max_seqs <= shape.max_step_tokens)
+      << shape.max_seqs << " sequences in steps of " << shape.max_step_tokens << " rows";
+  RunnerBuffers b;
+  b.vision = vision_activation_terms(config, shape.max_image_patches, act);
+  b.decoder = decoder_activation_terms(config, shape.max_step_tokens, shape.max_seqs, act);
+  b.arena = b.vision.features() + std::max(b.vision.scratch(), b.decoder.peak());
+  b.step_inputs = step_input_bytes(shape.max_step_tokens, shape.max_seqs, shape.max_pages_per_seq);
+  b.logits = b.decoder.logits;
+  return b;
+}
+
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq) {
   return arena_bytes(step_tokens, DType::kI32)                      // token ids
          + arena_bytes(max_seqs, DType::kI32)                       // logits rows

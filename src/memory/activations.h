@@ -19,9 +19,8 @@
 //       mlp:           h [N, D], fc1 [N, F]                      (fc2 adds into x)
 //       deepstack tap: ln [T, 4D], fc1 [T, 4D]                   (fc2 writes its output)
 //       final merger:  ln [N, D], fc1 [T, 4D]                    (fc2 writes its output)
-// - Decoder step (forward) over S rows (prefill chunks and decode rows together), R logits rows:
-//     logits [R, V] (activation dtype): the caller's output, taken from the arena before the step
-//     (the sampler copies it to the host)
+// - Decoder step (forward) over S rows (prefill chunks and decode rows together), R logits rows
+//   (the logits [R, V] themselves are the caller's, in their own buffer; see runner_buffers):
 //     hidden x [S, H]                                                         — live to the end
 //     then one stage at a time:
 //       attention:     h [S, H], qkv [S, (Hq + 2·Hkv)·dh], attn [S, Hq·dh]   (o adds into x)
@@ -31,6 +30,9 @@
 //       final norm:    last [R, H] (gathered logits rows), normed [R, H]      (lm_head -> logits)
 //   The step's inputs (token ids, logits rows, positions, slots and the other TextBatch tables)
 //   live in their own fixed buffer (step_input_bytes): CUDA graphs need their addresses fixed.
+// - A model runner allocates exactly runner_buffers(): the arena (one image's features, then
+//   the larger of the vision scratch and the decoder step above them), the step inputs and the
+//   logits; the memory plan counts the same three allocations.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +72,7 @@ struct VisionActivationTerms {
 struct DecoderActivationTerms {
   int64_t step_tokens = 0;  // S
   int64_t logits_rows = 0;  // R
-  int64_t logits = 0;       // [R, V], the caller's, allocated before the step
+  int64_t logits = 0;       // [R, V] activation dtype: the caller's buffer, not the arena's
   int64_t hidden = 0;       // x [S, H]
   int64_t attention_stage = 0;
   int64_t mlp_stage = 0;
@@ -78,9 +80,8 @@ struct DecoderActivationTerms {
   int64_t final_norm_stage = 0;
 
   int64_t largest_stage() const;
-  // What forward() itself takes from the arena (everything but the caller's logits).
-  int64_t scratch() const { return hidden + largest_stage(); }
-  int64_t peak() const { return logits + scratch(); }
+  // What forward() takes from the arena.
+  int64_t peak() const { return hidden + largest_stage(); }
 };
 
 // The terms of one vision forward over `num_patches` patches (a multiple of merge_unit()) in
@@ -96,5 +97,22 @@ DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64
 // B sequences (at most one logits row each) and P pages per sequence. Each part is one arena
 // allocation.
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq);
+
+// The limits a runner is built for (engine/model_runner.h RunnerLimits carries the same four).
+struct RunnerShape {
+  int64_t max_step_tokens = 0;    // S
+  int64_t max_seqs = 0;           // B, and the logits rows
+  int64_t max_pages_per_seq = 0;  // P
+  int64_t max_image_patches = 0;  // N of the largest image (0: no image is admitted)
+};
+// The three device buffers a runner allocates once, in bytes as asked of the backend.
+struct RunnerBuffers {
+  VisionActivationTerms vision;
+  DecoderActivationTerms decoder;
+  int64_t arena = 0;        // vision.features() + max(vision.scratch(), decoder.peak())
+  int64_t step_inputs = 0;  // step_input_bytes(S, B, P)
+  int64_t logits = 0;       // [B, V] activation dtype
+};
+RunnerBuffers runner_buffers(const ModelConfig& config, const RunnerShape& shape, DType activation_dtype);
 
 }  // namespace qvl

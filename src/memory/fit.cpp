@@ -225,7 +225,9 @@ Suggestion describe(FitChange c, int64_t value, const MemoryPlan& base) {
   switch (c) {
     case FitChange::kFp8Weights:
       s.flag = "--fp8";
-      s.description = "FP8 weights: block-FP8 text Linears (the official -FP8 checkpoint, or quantized at load)";
+      s.description = base.options.can_quantize_fp8
+                          ? "FP8 weights: block-FP8 text Linears, quantized at load (or the official -FP8 checkpoint)"
+                          : "FP8 weights: the official -FP8 checkpoint of this model (block-FP8 text Linears)";
       break;
     case FitChange::kFp8Kv:
       s.flag = "--kv-dtype fp8";
@@ -311,6 +313,8 @@ Result<AutoFit> auto_fit(const ModelConfig& config, const RuntimeOptions& option
   std::vector<std::pair<FitChange, int64_t>> used;  // change, value before it
   bool fitted = false;
   for (FitChange c : kCostOrder) {
+    // Another checkpoint is the user's call; auto-fit only quantizes when the loader can.
+    if (c == FitChange::kFp8Weights && !options.can_quantize_fp8) continue;
     QVL_ASSIGN_OR_RETURN(MemoryPlan now, detail::compute_plan(config, o, device));
     std::optional<int64_t> strong = strongest(c, o, now);
     if (!strong) continue;
@@ -323,7 +327,8 @@ Result<AutoFit> auto_fit(const ModelConfig& config, const RuntimeOptions& option
   }
   if (!fitted) {
     QVL_ASSIGN_OR_RETURN(MemoryPlan all, detail::compute_plan(config, o, device));
-    return resource_exhausted("does not fit even with every change applied (FP8 weights and KV, context " +
+    return resource_exhausted(std::string("does not fit even with every change applied (") +
+                              (o.fp8_weights || config.quant.fp8 ? "FP8 weights, " : "") + "FP8 KV, context " +
                               std::to_string(o.context_tokens) + ", images up to " + std::to_string(all.image_tokens) +
                               " tokens, " + std::to_string(o.offload_layers) + " layers offloaded, prefill chunk " +
                               std::to_string(o.prefill_chunk) + "): short by " + format_mib(all.shortfall_bytes) +

@@ -97,6 +97,8 @@ std::string plan_table(const MemoryPlan& p, const std::string& model_label) {
           plural(p.decoder.logits_rows, "logits row", "logits rows") + ")",
       p.decoder.peak(), vision_sets ? "" : "the larger: sets the arena");
   row(os, "step inputs (ids, positions, page tables)", p.step_inputs);
+  row(os, "logits (" + plural(p.max_seqs, "row", "rows") + " of " + thousands(p.config.text.vocab_size) + ")",
+      p.logits_buffer);
   row(os,
       "KV cache: " + thousands(o.context_tokens) + " tokens × " + std::to_string(o.concurrency) + " (" +
           thousands(p.kv_required_pages) + " pages)",
@@ -200,6 +202,8 @@ std::string plan_json(const MemoryPlan& p, const std::string& model_label, const
                       {"vision_peak_bytes", p.vision.peak()},
                       {"decoder_step_bytes", p.decoder.peak()},
                       {"step_inputs_bytes", p.step_inputs},
+                      {"logits_buffer_bytes", p.logits_buffer},
+                      {"max_seqs", p.max_seqs},
                       {"vision_terms",
                        {{"patches", p.vision.num_patches},
                         {"merged_features", p.vision.merged_features},

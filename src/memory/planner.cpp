@@ -156,8 +156,8 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
     return invalid_argument("--concurrency " + std::to_string(o.concurrency) + ": must be in [1, 4096]");
   if (o.prefill_chunk < 1 || o.prefill_chunk > (int64_t{1} << 20))
     return invalid_argument("--prefill-chunk " + std::to_string(o.prefill_chunk) + ": must be in [1, 1048576]");
-  if (o.max_running < 1 || o.max_running > 4096)
-    return invalid_argument("--max-running " + std::to_string(o.max_running) + ": must be in [1, 4096]");
+  if (o.max_running < 0 || o.max_running > 4096)
+    return invalid_argument("--max-running " + std::to_string(o.max_running) + ": must be in [0, 4096]");
   if (o.kv_dtype != DType::kBF16 && o.kv_dtype != DType::kF8E4M3)
     return invalid_argument("--kv-dtype " + std::string(dtype_name(o.kv_dtype)) + ": must be bf16 or fp8");
   if (o.kv_page_tokens < 1 || o.kv_page_tokens > 4096)
@@ -230,16 +230,6 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
                         round_up(static_cast<int64_t>(backend_options.dequant_workspace_bytes), gran) +
                         round_up(static_cast<int64_t>(cuda_decode_scratch_bytes(backend_options)), gran);
   QVL_CHECK_GE(p.backend_workspace, static_cast<int64_t>(cuda_backend_workspace_bytes(backend_options)));
-  // A step takes up to prefill_chunk rows (the runner's buffers are built for that many) from up
-  // to max_seqs sequences, each wanting at most one logits row.
-  p.max_seqs = std::max(o.max_running, o.concurrency);
-  const int64_t step_rows = o.prefill_chunk;
-  const int64_t logits_rows = std::min(p.max_seqs, step_rows);
-
-  // ---- activations ----
-  p.vision = vision_activation_terms(p.config, p.image_patches, o.activation_dtype);
-  p.decoder = decoder_activation_terms(p.config, step_rows, logits_rows, o.activation_dtype);
-  p.activation_arena = round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), gran);
 
   // ---- KV cache ----
   p.kv_bytes_per_token =
@@ -248,10 +238,23 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   p.kv_pages_per_seq = ceil_div(o.context_tokens, o.kv_page_tokens);
   p.kv_required_pages = int64_t{o.concurrency} * p.kv_pages_per_seq;
   p.kv_required_bytes = round_up(p.kv_required_pages * p.kv_page_bytes, gran);
-  p.step_inputs = round_up(step_input_bytes(step_rows, p.max_seqs, p.kv_pages_per_seq), gran);
+
+  // ---- the runner's buffers: activation arena, step inputs, logits ----
+  // As engine/loader builds the runner: max_running sequences (default: concurrency) per step,
+  // steps of at least prefill_chunk rows and one row per sequence.
+  p.max_seqs = o.max_running > 0 ? o.max_running : o.concurrency;
+  const RunnerShape shape{std::max<int64_t>(o.prefill_chunk, p.max_seqs), p.max_seqs, p.kv_pages_per_seq,
+                          p.image_patches};
+  const RunnerBuffers buffers = runner_buffers(p.config, shape, o.activation_dtype);
+  p.vision = buffers.vision;
+  p.decoder = buffers.decoder;
+  p.activation_arena = round_up(buffers.arena, gran);
+  p.step_inputs = round_up(buffers.step_inputs, gran);
+  p.logits_buffer = round_up(buffers.logits, gran);
 
   // ---- totals ----
-  p.fixed_bytes = p.weights_device + p.offload_staging + p.runtime_total() + p.activation_arena + p.step_inputs;
+  p.fixed_bytes =
+      p.weights_device + p.offload_staging + p.runtime_total() + p.activation_arena + p.step_inputs + p.logits_buffer;
   p.peak_bytes = p.fixed_bytes + p.kv_required_bytes;
   p.margin_bytes = o.margin_bytes;
 

@@ -42,6 +42,7 @@ struct RuntimeOptions {
   int kv_page_tokens = 16;        // tokens per KV page
   int offload_layers = 0;         // decoder layers kept in pinned host memory, streamed in
   bool fp8_weights = false;       // block-FP8 text Linears (quantized at load unless already FP8)
+  bool can_quantize_fp8 = false;  // the loader can quantize a BF16 checkpoint to FP8 (auto-fit may then)
   int64_t gpu_memory_bytes = 0;   // the budget; 0: the device's free memory minus reserve_bytes
   int64_t reserve_bytes = 256 * kMiB;     // left free for other programs when the budget is "free memory"
   int64_t margin_bytes = 128 * kMiB;      // held back inside the budget for what the plan cannot see
@@ -145,13 +146,14 @@ struct MemoryPlan {
   bool runtime_overridden = false;  // options.cuda_overhead_bytes replaced the table
   int64_t runtime_total() const { return cuda_context + cuda_modules + backend_workspace; }
 
-  // Activations. The engine builds its runner for exactly these limits: decoder.step_tokens rows
-  // and max_seqs sequences per step, kv_pages_per_seq page-table columns, image_patches patches.
-  int64_t max_seqs = 0;  // max(max_running, concurrency); also the logits rows per step
+  // The runner's buffers (memory/activations.h runner_buffers), built for decoder.step_tokens
+  // rows and max_seqs sequences per step, kv_pages_per_seq page-table columns, image_patches.
+  int64_t max_seqs = 0;  // max_running, or concurrency; also the logits rows per step
   VisionActivationTerms vision;
   DecoderActivationTerms decoder;
   int64_t activation_arena = 0;  // features + max(vision scratch, decoder peak), rounded
   int64_t step_inputs = 0;       // rounded
+  int64_t logits_buffer = 0;     // [max_seqs, V] activation dtype, rounded
 
   // KV cache.
   int64_t kv_bytes_per_token = 0;  // 2 × layers × Hkv × head_dim × dtype bytes

@@ -79,9 +79,8 @@ TEST(Activations, DecoderPrefillChunk4B) {
   EXPECT_EQ(d.mlp_stage, s * h * b + s * 2 * i * b + s * i * b);
   EXPECT_EQ(d.final_norm_stage, h * b + h * b);
   EXPECT_EQ(d.largest_stage(), d.mlp_stage);
-  // 10,485,760 + 130,023,424
-  EXPECT_EQ(d.scratch(), 140509184);
-  EXPECT_EQ(d.peak(), 140509184 + 303872);
+  // 10,485,760 + 130,023,424; the logits are the caller's buffer.
+  EXPECT_EQ(d.peak(), 140509184);
 }
 
 TEST(Activations, DecoderRowsAreAligned) {
@@ -104,6 +103,18 @@ TEST(Activations, StepInputs) {
   // 2048 rows, 4 sequences of 256 pages: ids 8192, logits rows 16 -> 256, positions 24576,
   // slots 8192, query_start 20 -> 256, context_len 16 -> 256, page_table 4 × 256 × 4 = 4096.
   EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 256 + 24576 + 8192 + 256 + 256 + 4096);
+}
+
+TEST(Activations, RunnerBuffers) {
+  // 4B, 1-MP image, steps of 2048 rows from 4 sequences of up to 256 pages.
+  RunnerBuffers b = runner_buffers(config_4b(), RunnerShape{2048, 4, 256, 4096}, DType::kBF16);
+  // Features 20 MiB + max(vision scratch 52,429,056, decoder step 140,509,184) (the tests above).
+  EXPECT_EQ(b.arena, 4 * 1024 * 2560 * 2 + 140509184);
+  EXPECT_EQ(b.step_inputs, step_input_bytes(2048, 4, 256));
+  EXPECT_EQ(b.logits, 4 * 151936 * 2);
+  // No image admitted: the arena is the decoder's alone.
+  EXPECT_EQ(runner_buffers(config_4b(), RunnerShape{2048, 4, 256, 0}, DType::kBF16).arena, 140509184);
+  EXPECT_THROW(runner_buffers(config_4b(), RunnerShape{2, 4, 256, 0}, DType::kBF16), CheckFailure);
 }
 
 TEST(Activations, VisionSegmentsSizeCuSeqlens) {

@@ -137,10 +137,12 @@ TEST(Fit, NumericSuggestionIsTheMildestThatFits) {
   }
 }
 
-TEST(Fit, AutoFitPicksAConfigurationThatPlanConfirms) {
+void check_auto_fit_8b_on_8gib(bool can_quantize) {
+  SCOPED_TRACE(can_quantize ? "the loader can quantize to FP8" : "BF16 weights stay BF16");
   const ModelConfig c = preset("8b");
   RuntimeOptions o;
   o.gpu_memory_bytes = 8 * kGiB;
+  o.can_quantize_fp8 = can_quantize;
   Result<AutoFit> fit = auto_fit(c, o, desktop_card(120));
   ASSERT_TRUE(fit.is_ok()) << fit.status().to_string();
   EXPECT_TRUE(fit->plan.fits);
@@ -149,9 +151,10 @@ TEST(Fit, AutoFitPicksAConfigurationThatPlanConfirms) {
   MemoryPlan again = plan_ok(c, fit->options, desktop_card(120));
   EXPECT_TRUE(again.fits);
   EXPECT_EQ(again.peak_bytes, fit->plan.peak_bytes);
-  // Applied changes come cheapest first; FP8 weights is one of them (8B BF16 weights alone are
-  // twice the budget).
-  EXPECT_EQ(fit->applied.front().change, FitChange::kFp8Weights);
+  // FP8 weights come first when the loader can make them (8B BF16 weights alone are twice the
+  // budget); otherwise they are never applied (another checkpoint is the user's call).
+  EXPECT_EQ(fit->applied.front().change == FitChange::kFp8Weights, can_quantize);
+  EXPECT_EQ(fit->options.fp8_weights, can_quantize);
   for (size_t i = 1; i < fit->applied.size(); ++i)
     EXPECT_LT(static_cast<int>(fit->applied[i - 1].change), static_cast<int>(fit->applied[i].change));
   // The costliest change is as mild as possible: one step milder does not fit.
@@ -181,6 +184,11 @@ TEST(Fit, AutoFitPicksAConfigurationThatPlanConfirms) {
   std::printf("%s", auto_fit_summary(fit.value()).c_str());
 }
 
+TEST(Fit, AutoFitPicksAConfigurationThatPlanConfirms) {
+  check_auto_fit_8b_on_8gib(true);
+  check_auto_fit_8b_on_8gib(false);
+}
+
 TEST(Fit, AutoFitChangesNothingWhenItFits) {
   RuntimeOptions o;
   o.gpu_memory_bytes = 24 * kGiB;
@@ -192,19 +200,26 @@ TEST(Fit, AutoFitChangesNothingWhenItFits) {
 }
 
 TEST(Fit, AutoFitPrefersTheCheapChange) {
-  // 2B BF16 with a 16k context on 6 GiB: FP8 weights alone fit (and so would FP8 KV), so only
-  // the cheapest is applied.
+  // 2B BF16 with a 16k context on 6 GiB: FP8 weights alone fit, and so does FP8 KV; only the
+  // cheapest one auto-fit may apply is applied.
   RuntimeOptions o;
   o.gpu_memory_bytes = 6 * kGiB;
   o.context_tokens = 16384;
   o.max_image_tokens = 1024;
   MemoryPlan p = plan_ok(preset("2b"), o);
   ASSERT_FALSE(p.fits);
-  ASSERT_TRUE(p.suggestions.front().fits_alone) << p.suggestions.front().flag;
-  Result<AutoFit> fit = auto_fit(preset("2b"), o, {});
-  ASSERT_TRUE(fit.is_ok());
-  ASSERT_EQ(fit->applied.size(), 1u);
-  EXPECT_EQ(fit->applied[0].change, p.suggestions.front().change);
+  ASSERT_GE(p.suggestions.size(), 2u);
+  ASSERT_EQ(p.suggestions[0].change, FitChange::kFp8Weights);
+  ASSERT_EQ(p.suggestions[1].change, FitChange::kFp8Kv);
+  EXPECT_TRUE(p.suggestions[0].fits_alone);
+  EXPECT_TRUE(p.suggestions[1].fits_alone);
+  for (bool can_quantize : {true, false}) {
+    o.can_quantize_fp8 = can_quantize;
+    Result<AutoFit> fit = auto_fit(preset("2b"), o, {});
+    ASSERT_TRUE(fit.is_ok());
+    ASSERT_EQ(fit->applied.size(), 1u);
+    EXPECT_EQ(fit->applied[0].change, can_quantize ? FitChange::kFp8Weights : FitChange::kFp8Kv);
+  }
 }
 
 TEST(Fit, AutoFitSaysWhenNothingIsEnough) {

@@ -156,12 +156,13 @@ TEST(PlannerVerdict, PeakIsTheSumOfItsParts) {
   o.max_image_tokens = 1024;
   MemoryPlan p = plan_ok(preset("4b", true), o);
   EXPECT_EQ(p.fixed_bytes, p.weights_device + p.offload_staging + p.cuda_context + p.cuda_modules +
-                               p.backend_workspace + p.activation_arena + p.step_inputs);
+                               p.backend_workspace + p.activation_arena + p.step_inputs + p.logits_buffer);
   EXPECT_EQ(p.peak_bytes, p.fixed_bytes + p.kv_required_bytes);
   EXPECT_EQ(p.activation_arena,
             round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), kDeviceGranularity));
   // Every top-level allocation is whole 2 MiB pages.
-  for (int64_t a : {p.weights_device, p.activation_arena, p.step_inputs, p.kv_required_bytes, p.backend_workspace})
+  for (int64_t a :
+       {p.weights_device, p.activation_arena, p.step_inputs, p.logits_buffer, p.kv_required_bytes, p.backend_workspace})
     EXPECT_EQ(a % kDeviceGranularity, 0) << a;
   // KV capacity is what the budget leaves, in whole pages.
   int64_t room = round_down(p.budget_bytes - p.margin_bytes - p.fixed_bytes, kDeviceGranularity);
