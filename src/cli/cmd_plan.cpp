@@ -5,11 +5,11 @@
 // errors.
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/command.h"
+#include "cli/model_args.h"
 #include "io/config.h"
 #include "memory/byte_size.h"
 #include "memory/plan_report.h"
@@ -28,6 +28,7 @@ constexpr int kExitDoesNotFit = 2;
 struct PlanArgs {
   std::string model;
   std::string preset;
+  std::string revision = "main";
   bool fp8 = false;
   std::string gpu_memory;
   int gpu = 0;
@@ -95,9 +96,9 @@ int run_plan(PlanArgs a) {
     config = std::move(c).value();
     label = "preset " + a.preset + (config.quant.fp8 ? " (FP8)" : "");
   } else {
-    if (!std::filesystem::is_directory(a.model))
-      return fail(not_found("--model '" + a.model + "': not a directory (give a model directory with config.json)"));
-    Result<ModelConfig> c = load_model_config(a.model);
+    Result<std::string> dir = resolve_model_dir(ModelArgs{a.model, a.revision});
+    if (!dir.is_ok()) return fail(dir.status());
+    Result<ModelConfig> c = load_model_config(dir.value());
     if (!c.is_ok()) return fail(c.status());
     config = std::move(c).value();
     label = a.model;
@@ -160,7 +161,10 @@ int run_plan(PlanArgs a) {
 
 std::function<int()> setup_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
-  app.add_option("--model", a->model, "Model directory (needs only config.json)");
+  app.add_option(
+      "--model", a->model,
+      "Model directory (only config.json is read), built-in name (tiny, ...) or hub id (Qwen/Qwen3-VL-4B-Instruct)");
+  app.add_option("--revision", a->revision, "Hub revision: branch, tag or snapshot hash (default main)");
   app.add_option("--preset", a->preset, "Plan a preset instead: 2b, 4b, 8b (or tiny, tiny-untied, tiny-fp8)");
   app.add_flag("--fp8", a->fp8, "Block-FP8 text Linears (the -FP8 checkpoint, or quantized at load)");
   app.add_option("--gpu-memory", a->gpu_memory,

@@ -2,6 +2,7 @@
 // directory that holds only config.json, auto-fit.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,20 @@ TEST(CmdPlan, ModelDirectoryWithOnlyConfigJson) {
   r = qvl_plan("--model " + dir + "/missing");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("missing"), std::string::npos) << r.err;
+}
+
+TEST(CmdPlan, HubIdResolvesInTheHubCache) {
+  // $HF_HOME/hub/models--org--name/refs/main -> snapshots/<hash>/config.json (the 4B, tied).
+  std::string home = test::scratch_dir("plan_hub");
+  std::string repo = home + "/hub/models--Qwen--Qwen3-VL-4B-Instruct";
+  std::filesystem::create_directories(repo + "/refs");
+  std::filesystem::create_directories(repo + "/snapshots/abc123");
+  std::ofstream(repo + "/refs/main") << "abc123";
+  std::ofstream(repo + "/snapshots/abc123/config.json") << model_config_to_json(preset_config("4b").value());
+  auto r = test::run_command("HF_HOME=" + home + " " + test::qvl_binary() +
+                             " plan --model Qwen/Qwen3-VL-4B-Instruct --gpu-memory 24GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_of(r)["weights_bytes"].get<int64_t>(), weight_bytes(preset_config("4b").value()).total());
 }
 
 TEST(CmdPlan, NeedsExactlyOneModel) {
