@@ -150,6 +150,27 @@ TEST_F(CpuOps, LinearMatchesNaiveSumAcrossDtypesAndShapes) {
   }
 }
 
+TEST_F(CpuOps, Fp8LinearDecodesEveryByteExactly) {
+  // W [256, 8]: row j holds byte j in column 0, zeros elsewhere; x = e_0, so out[j] is the
+  // decoded byte times its block scale (NaN for 0x7f / 0xff), through the 8-wide vector path.
+  std::vector<uint8_t> w(256 * 8, 0);
+  for (int j = 0; j < 256; ++j) w[j * 8] = static_cast<uint8_t>(j);
+  std::vector<float> scale = {1.0f, 0.25f};  // blocks of rows [0,128) and [128,256)
+  LinearPart p{Tensor(w.data(), DType::kF8E4M3, {256, 8}), Tensor(scale.data(), DType::kF32, {2, 1})};
+  auto lw = be->load_linear(std::span(&p, 1), Tensor(), 128);
+  ASSERT_TRUE(lw.is_ok()) << lw.status().to_string();
+  std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0}, out(256);
+  be->linear(f32(out, {1, 256}), f32(x, {1, 8}), *lw, {});
+  for (int j = 0; j < 256; ++j) {
+    const float want = fp8_e4m3_to_float(static_cast<uint8_t>(j)) * scale[j / 128];
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(out[j])) << "byte " << j;
+    } else {
+      EXPECT_EQ(out[j], want) << "byte " << j;
+    }
+  }
+}
+
 TEST_F(CpuOps, LinearRejectsBadScaleShapes) {
   std::vector<uint8_t> w(10 * 300, 0x38);
   std::vector<float> s(2 * 3, 1.0f);
