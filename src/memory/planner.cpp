@@ -85,13 +85,20 @@ const ArchOverheads& arch_overheads(int compute_capability) {
   return *best;
 }
 
+DType device_dtype(const TensorSpec& spec) {
+  if (spec.shape.size() == 1) return DType::kF32;  // norm weights and biases: model/load
+  const std::string_view kScale = ".weight_scale_inv";
+  const bool scale = spec.name.size() > kScale.size() &&
+                     spec.name.compare(spec.name.size() - kScale.size(), kScale.size(), kScale) == 0;
+  if (scale) return DType::kF32;  // FP8 block scales: the CUDA backend's load_linear keeps them F32
+  return spec.dtype;
+}
+
 WeightBytes weight_bytes(const ModelConfig& config) {
   WeightBytes w;
   std::vector<int64_t> layer_bytes(config.text.num_hidden_layers, 0);
   for (const TensorSpec& spec : checkpoint_tensor_specs(config)) {
-    // Norm weights and biases (the only 1-D tensors) are F32 on the device (model/load).
-    const DType device_dtype = spec.shape.size() == 1 ? DType::kF32 : spec.dtype;
-    const int64_t bytes = spec.numel() * dtype_size(device_dtype);
+    const int64_t bytes = spec.numel() * dtype_size(device_dtype(spec));
     w.alignment_padding += round_up(bytes, kWeightAlignment) - bytes;
     ++w.tensor_count;
     switch (spec.part) {

@@ -72,10 +72,10 @@ struct ArchOverheads {
 };
 const ArchOverheads& arch_overheads(int compute_capability);
 
-// Weights as they sit on the device, by part. Norm weights and biases (1-D tensors) are F32 on
-// the device (model/load converts them); every other tensor keeps its checkpoint dtype (FP8
-// weights and their scales stay FP8 / as stored). Stacked q|k|v and gate|up are the same bytes as
-// their parts; a tied lm_head is the embedding table and counts once, under embeddings.
+// Weights as they sit on the device, by part (device_dtype() says which dtype each tensor has
+// there). Stacked q|k|v and gate|up are the same bytes as their parts (the block scales too: every
+// Qwen3-VL part starts on a 128-row boundary); a tied lm_head is the embedding table and counts
+// once, under embeddings.
 struct WeightBytes {
   int64_t vision = 0;
   int64_t decoder_layers = 0;  // all layers
@@ -89,6 +89,11 @@ struct WeightBytes {
   int64_t total() const { return vision + decoder_layers + decoder_other + embeddings + lm_head; }
 };
 inline constexpr int64_t kWeightAlignment = 256;
+struct TensorSpec;
+// The dtype a checkpoint tensor has on the device: model/load makes norm weights and biases (the
+// 1-D tensors) F32; the CUDA backend keeps FP8 block scales (weight_scale_inv) as F32, applied
+// in fp32; every other tensor keeps its checkpoint dtype (BF16, or FP8 E4M3: never dequantized).
+DType device_dtype(const TensorSpec& spec);
 // The device bytes of every checkpoint tensor of `config` (model/tensor_specs.h).
 WeightBytes weight_bytes(const ModelConfig& config);
 

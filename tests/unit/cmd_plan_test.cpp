@@ -30,7 +30,7 @@ TEST(CmdPlan, FourBFp8OnSevenGiBAsJson) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = json_of(r);
   EXPECT_EQ(j["weights_bytes"].get<int64_t>(), weight_bytes(preset_config("4b", true).value()).total());
-  EXPECT_EQ(j["weights_bytes"].get<int64_t>(), 5243899008);
+  EXPECT_EQ(j["weights_bytes"].get<int64_t>(), 5244342528);
   EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 147456);
   EXPECT_EQ(j["budget_bytes"].get<int64_t>(), 7 * kGiB);
   EXPECT_TRUE(j["fits"].get<bool>());
