@@ -115,9 +115,10 @@ int run_bench(const qvl::Tokenizer& tok, const std::vector<std::string>& lines, 
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"strings\":%zu,\"reps\":%d,\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.1f,"
-              "\"mb_per_s\":%.3f}\n",
-              lines.size(), reps, bytes * reps, tokens, secs, tokens / secs, bytes * reps / secs / 1e6);
+  std::printf(
+      "{\"strings\":%zu,\"reps\":%d,\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"tokens_per_s\":%.1f,"
+      "\"mb_per_s\":%.3f}\n",
+      lines.size(), reps, bytes * reps, tokens, secs, tokens / secs, bytes * reps / secs / 1e6);
   return 0;
 }
 
@@ -193,7 +194,8 @@ std::function<int()> setup_tokenize(CLI::App& app) {
   app.add_flag("--skip-special", o->skip_special, "Leave special tokens out when decoding");
   app.add_flag("--tokens", o->show_tokens, "Print one id and its token string per line");
   app.add_option("--template", o->template_file, "Render a conversation JSON file with the chat template");
-  app.add_option("--bench", o->bench, "With --jsonl: encode all lines once untimed, then N times timed; print throughput as JSON");
+  app.add_option("--bench", o->bench,
+                 "With --jsonl: encode all lines once untimed, then N times timed; print throughput as JSON");
   return [o] { return run_tokenize(*o); };
 }
 

@@ -22,7 +22,9 @@ void MergeTable::reserve(size_t n) {
   }
 }
 
-void MergeTable::grow() { reserve(std::max<size_t>(16, size_ + 1)); }
+void MergeTable::grow() {
+  reserve(std::max<size_t>(16, size_ + 1));
+}
 
 void MergeTable::insert(int32_t a, int32_t b, int32_t rank, int32_t id) {
   if ((size_ + 1) * 2 > slots_.size()) grow();

@@ -8,8 +8,12 @@ namespace {
 
 using nlohmann::ordered_json;
 
-std::string at(int m) { return "message " + std::to_string(m); }
-std::string at(int m, int p) { return "message " + std::to_string(m) + " part " + std::to_string(p); }
+std::string at(int m) {
+  return "message " + std::to_string(m);
+}
+std::string at(int m, int p) {
+  return "message " + std::to_string(m) + " part " + std::to_string(p);
+}
 
 std::string short_dump(const ordered_json& j) {
   std::string s = j.dump();
@@ -17,7 +21,8 @@ std::string short_dump(const ordered_json& j) {
 }
 
 Result<ContentPart> parse_part(const ordered_json& part, int m, int p, const ImagePartResolver& resolve_image) {
-  if (!part.is_object()) return invalid_argument(at(m, p) + ": a content part must be an object, got " + short_dump(part));
+  if (!part.is_object())
+    return invalid_argument(at(m, p) + ": a content part must be an object, got " + short_dump(part));
   const std::string type = part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
   ContentPart out;
   // The template's own order of tests: image, then video, then anything with a "text".
@@ -78,7 +83,8 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const ordered_json& message
     const int m = static_cast<int>(i);
     const ordered_json& msg = messages[i];
     if (!msg.is_object()) return invalid_argument(at(m) + " must be an object, got " + short_dump(msg));
-    if (!msg.contains("role") || !msg["role"].is_string()) return invalid_argument(at(m) + ": \"role\" must be a string");
+    if (!msg.contains("role") || !msg["role"].is_string())
+      return invalid_argument(at(m) + ": \"role\" must be a string");
     const std::string role = msg["role"].get<std::string>();
     ChatMessage cm;
     if (role == "system") {

@@ -195,19 +195,31 @@ class Renderer {
 
 const char* chat_role_name(ChatRole role) {
   switch (role) {
-    case ChatRole::kSystem: return "system";
-    case ChatRole::kUser: return "user";
-    case ChatRole::kAssistant: return "assistant";
-    case ChatRole::kTool: return "tool";
+    case ChatRole::kSystem:
+      return "system";
+    case ChatRole::kUser:
+      return "user";
+    case ChatRole::kAssistant:
+      return "assistant";
+    case ChatRole::kTool:
+      return "tool";
   }
   return "?";
 }
 
 Result<int64_t> image_pad_count(const ImageGrid& g, int merge_size) {
+  // Far above any grid the image processor produces (its default cap is 16384 pads), low
+  // enough that a hostile grid cannot make the prompt text explode.
+  constexpr int64_t kMaxPads = int64_t{1} << 20;
   if (g.t <= 0 || g.h <= 0 || g.w <= 0 || merge_size <= 0 || g.h % merge_size != 0 || g.w % merge_size != 0) {
     return invalid_argument("image grid [" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
                             std::to_string(g.w) + "] is not positive with h and w divisible by merge size " +
                             std::to_string(merge_size));
+  }
+  if (g.t > kMaxPads || g.h > kMaxPads || g.w > kMaxPads ||
+      static_cast<int64_t>(g.t) * g.h * g.w / (static_cast<int64_t>(merge_size) * merge_size) > kMaxPads) {
+    return out_of_range("image grid [" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) +
+                        "] needs more than " + std::to_string(kMaxPads) + " image tokens");
   }
   return static_cast<int64_t>(g.t) * g.h * g.w / (static_cast<int64_t>(merge_size) * merge_size);
 }
@@ -259,6 +271,8 @@ Result<ChatPrompt> build_chat_prompt(const Tokenizer& tokenizer, const std::vect
   return prompt;
 }
 
-bool is_builtin_chat_template(std::string_view jinja_text) { return fnv1a64(jinja_text) == kBuiltinTemplateHash; }
+bool is_builtin_chat_template(std::string_view jinja_text) {
+  return fnv1a64(jinja_text) == kBuiltinTemplateHash;
+}
 
 }  // namespace qvl

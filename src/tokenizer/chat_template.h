@@ -74,9 +74,9 @@ struct ChatTemplateOptions {
 Result<std::string> render_chat_template(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options);
 
 struct ChatPrompt {
-  std::string text;                // the rendered prompt (pads expanded)
-  std::vector<int32_t> ids;        // its token ids
-  std::vector<ImageGrid> images;   // grids in prompt order, one pad run each in `ids`
+  std::string text;               // the rendered prompt (pads expanded)
+  std::vector<int32_t> ids;       // its token ids
+  std::vector<ImageGrid> images;  // grids in prompt order, one pad run each in `ids`
 };
 
 // Renders and tokenizes. Checks that `ids` hold exactly one contiguous run of <|image_pad|>
@@ -85,7 +85,7 @@ Result<ChatPrompt> build_chat_prompt(const Tokenizer& tokenizer, const std::vect
                                      const ChatTemplateOptions& options);
 
 // Number of <|image_pad|> tokens one image of grid `g` expands to; kInvalidArgument for a grid
-// with a non-positive side or h, w not divisible by merge_size.
+// with a non-positive side or h, w not divisible by merge_size, kOutOfRange above 2^20 pads.
 Result<int64_t> image_pad_count(const ImageGrid& g, int merge_size);
 
 // True when `jinja_text` is the official Qwen3-VL instruct template this module implements

@@ -13,13 +13,27 @@ void dump_string(const std::string& s, std::string& out) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -88,12 +102,24 @@ void dump_float(double x, std::string& out) {
 void dump(const nlohmann::ordered_json& v, std::string& out) {
   using T = nlohmann::ordered_json::value_t;
   switch (v.type()) {
-    case T::null: out += "null"; break;
-    case T::boolean: out += v.get<bool>() ? "true" : "false"; break;
-    case T::number_integer: out += std::to_string(v.get<int64_t>()); break;
-    case T::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
-    case T::number_float: dump_float(v.get<double>(), out); break;
-    case T::string: dump_string(v.get_ref<const std::string&>(), out); break;
+    case T::null:
+      out += "null";
+      break;
+    case T::boolean:
+      out += v.get<bool>() ? "true" : "false";
+      break;
+    case T::number_integer:
+      out += std::to_string(v.get<int64_t>());
+      break;
+    case T::number_unsigned:
+      out += std::to_string(v.get<uint64_t>());
+      break;
+    case T::number_float:
+      dump_float(v.get<double>(), out);
+      break;
+    case T::string:
+      dump_string(v.get_ref<const std::string&>(), out);
+      break;
     case T::array: {
       out.push_back('[');
       bool first = true;
@@ -118,7 +144,9 @@ void dump(const nlohmann::ordered_json& v, std::string& out) {
       out.push_back('}');
       break;
     }
-    default: out += "null"; break;  // binary / discarded never come from parsed JSON text
+    default:
+      out += "null";
+      break;  // binary / discarded never come from parsed JSON text
   }
 }
 

