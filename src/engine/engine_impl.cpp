@@ -76,8 +76,8 @@ class EngineImpl final : public Engine {
   void ingest();
   std::unique_ptr<Sequence> make_sequence(Incoming incoming);
   void run_step(Scheduler::Plan& plan);
-  // Samples the next token of `seq` from `logits`; retires the sequence when it is done.
-  void advance(Sequence* seq, std::span<float> logits, Clock::time_point now);
+  // Appends the sampled `token` to `seq`, streams its text; retires the sequence when done.
+  void advance(Sequence* seq, int32_t token, Clock::time_point now);
   void finish(std::unique_ptr<Sequence> seq, FinishReason reason, Status error, GenerationEvent event = {});
   void cancel_everything();
   void publish_stats();
@@ -248,9 +248,7 @@ void EngineImpl::finish(std::unique_ptr<Sequence> seq, FinishReason reason, Stat
   seq->state->push(std::move(ev));
 }
 
-void EngineImpl::advance(Sequence* seq, std::span<float> logits, Clock::time_point now) {
-  const int32_t token = seq->sampler->sample(logits);
-  seq->sampler->accept(token);
+void EngineImpl::advance(Sequence* seq, int32_t token, Clock::time_point now) {
   seq->tokens.push_back(token);
   if (seq->generated++ == 0) seq->first_token = now;
   seq->last_token = now;
@@ -300,17 +298,37 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
   scheduler_.commit(plan);
   const auto t1 = Clock::now();
   const double step_ms = ms_between(t0, t1);
-  size_t row = 0;
+
+  // Sample every row in parallel (each sampler is its sequence's own state), then stream and
+  // retire in order on this thread.
+  std::vector<Sequence*> sampled;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    Sequence* seq = plan.seqs[i];
-    if (was_prefill[i]) seq->prefill_ms += step_ms;
-    if (!plan.wants_logits[i]) continue;
-    std::span<float> logits(logits_.data() + row * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-    ++row;
+    if (was_prefill[i]) plan.seqs[i]->prefill_ms += step_ms;
+    if (plan.wants_logits[i]) sampled.push_back(plan.seqs[i]);
+  }
+  const int n = static_cast<int>(sampled.size());
+  std::vector<int32_t> tokens(sampled.size(), -1);
+  std::vector<std::string> errors(sampled.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int r = 0; r < n; ++r) {
     try {
-      advance(seq, logits, t1);
+      std::span<float> logits(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
+      tokens[r] = sampled[r]->sampler->sample(logits);
+      sampled[r]->sampler->accept(tokens[r]);
     } catch (const std::exception& e) {
-      finish(scheduler_.remove(seq), FinishReason::kError, internal_error(std::string("sampling: ") + e.what()));
+      errors[r] = e.what();
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    if (!errors[r].empty()) {
+      finish(scheduler_.remove(sampled[r]), FinishReason::kError, internal_error("sampling: " + errors[r]));
+      continue;
+    }
+    try {
+      advance(sampled[r], tokens[r], t1);
+    } catch (const std::exception& e) {
+      finish(scheduler_.remove(sampled[r]), FinishReason::kError,
+             internal_error(std::string("streaming: ") + e.what()));
     }
   }
 }

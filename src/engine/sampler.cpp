@@ -14,6 +14,11 @@ std::string num(double v) {
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
+// w[i] = e^((l[i] - max) · inv_t) over a whole row.
+void row_weights(float* __restrict w, const float* __restrict l, size_t n, float max, float inv_t) {
+  for (size_t i = 0; i < n; ++i) w[i] = std::exp((l[i] - max) * inv_t);
+}
+
 }  // namespace
 
 Status validate_sampling_params(const SamplingParams& p) {
@@ -79,74 +84,87 @@ void Sampler::apply_penalties(std::span<float> logits) const {
 
 void Sampler::keep_top_k(std::span<const float> logits, int k) {
   // The k-th largest score; every score >= it survives (HF: scores < topk[-1] are removed).
-  kth_scratch_.assign(logits.begin(), logits.end());
-  std::nth_element(kth_scratch_.begin(), kth_scratch_.begin() + (k - 1), kth_scratch_.end(), std::greater<float>());
-  const float kth = kth_scratch_[k - 1];
+  float kth;
+  if (k <= 256) {
+    // One pass with a min-heap of the k best: most scores lose one comparison with its top.
+    kth_scratch_.assign(logits.begin(), logits.begin() + k);
+    std::make_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
+    for (size_t i = static_cast<size_t>(k); i < logits.size(); ++i) {
+      if (logits[i] <= kth_scratch_.front()) continue;
+      std::pop_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
+      kth_scratch_.back() = logits[i];
+      std::push_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
+    }
+    kth = kth_scratch_.front();
+  } else {
+    kth_scratch_.assign(logits.begin(), logits.end());
+    std::nth_element(kth_scratch_.begin(), kth_scratch_.begin() + (k - 1), kth_scratch_.end(), std::greater<float>());
+    kth = kth_scratch_[k - 1];
+  }
   cand_.clear();
   for (int32_t i = 0; i < vocab_size_; ++i)
-    if (logits[i] >= kth) cand_.push_back({i, logits[i]});
+    if (logits[i] >= kth) cand_.push_back({i, logits[i], 0.0f});
 }
 
-void Sampler::sort_prefix(size_t n) {
-  auto better = [](const Candidate& a, const Candidate& b) {
-    return a.score > b.score || (a.score == b.score && a.id < b.id);
-  };
-  n = std::min(n, cand_.size());
-  if (n < cand_.size()) std::nth_element(cand_.begin(), cand_.begin() + n, cand_.end(), better);
-  std::sort(cand_.begin(), cand_.begin() + n, better);
-}
-
-void Sampler::filter(std::span<float> logits) {
-  // Temperature on the whole row, exactly as HF (scores / T), before any thresholds.
-  if (params_.temperature != 1.0f)
-    for (float& s : logits) s = s / params_.temperature;
-
+double Sampler::filter(std::span<const float> logits) {
+  const float inv_t = 1.0f / params_.temperature;
+  all_survive_ = false;
+  double total = 0;
+  float max_score = -INFINITY;
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
     keep_top_k(logits, params_.top_k);
+    for (const auto& c : cand_) max_score = std::max(max_score, c.score);
+    for (auto& c : cand_) total += c.weight = std::exp((c.score - max_score) * inv_t);
   } else {
-    cand_.resize(vocab_size_);
-    for (int32_t i = 0; i < vocab_size_; ++i) cand_[i] = {i, logits[i]};
+    // The whole vocabulary: weights in one flat array (vectorised), candidates only if a filter
+    // below needs them.
+    for (float v : logits) max_score = std::max(max_score, v);
+    full_weights_.resize(logits.size());
+    float* w = full_weights_.data();
+    const float* l = logits.data();
+    const size_t n = logits.size();
+    row_weights(w, l, n, max_score, inv_t);
+    for (size_t i = 0; i < n; ++i) total += w[i];
+    if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+      all_survive_ = true;
+      return total;
+    }
+    // Top-p below can only keep tokens over its cutoff; min-p only tokens over min_p.
+    double floor = params_.top_p < 1.0f ? (1.0 - params_.top_p) * total / static_cast<double>(n) : 0.0;
+    if (params_.min_p > 0.0f) floor = std::max(floor, static_cast<double>(params_.min_p) * 0.999);
+    cand_.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (w[i] >= floor) cand_.push_back({static_cast<int32_t>(i), l[i], w[i]});
   }
 
-  float max_score = -INFINITY;
-  for (const auto& c : cand_) max_score = std::max(max_score, c.score);
-
   if (params_.top_p < 1.0f) {
-    // Mass of every candidate, then walk from the most probable: rank r survives while the mass
-    // strictly before it is < top_p (HF: ascending cumsum <= 1 - top_p is removed). Sort only a
-    // prefix, widening it when the mass is not reached inside it.
-    double total = 0;
-    for (const auto& c : cand_) total += std::exp(static_cast<double>(c.score) - max_score);
+    // Walk from the most probable: rank r survives while the mass strictly before it is < top_p
+    // (HF: ascending cumsum <= 1 - top_p is removed). Tokens under (1 - top_p) · total / n are
+    // out however the rest falls (together they weigh less than what top-p removes), so only
+    // the others are sorted.
+    const double cutoff = (1.0 - params_.top_p) * total / static_cast<double>(std::max<size_t>(cand_.size(), 1));
+    std::erase_if(cand_, [&](const Candidate& c) { return c.weight < cutoff; });
+    std::sort(cand_.begin(), cand_.end(), [](const Candidate& a, const Candidate& b) {
+      return a.score > b.score || (a.score == b.score && a.id < b.id);
+    });
     const double target = static_cast<double>(params_.top_p) * total;
     size_t kept = 0;
-    for (size_t window = 256;; window *= 8) {
-      sort_prefix(window);
-      const size_t n = std::min(window, cand_.size());
-      double before = 0;
-      kept = 0;
-      while (kept < n && (kept == 0 || before < target)) {
-        before += std::exp(static_cast<double>(cand_[kept].score) - max_score);
-        ++kept;
-      }
-      if (kept < n || n == cand_.size()) break;
-    }
+    double before = 0;
+    while (kept < cand_.size() && (kept == 0 || before < target)) before += cand_[kept++].weight;
     cand_.resize(kept);
     std::sort(cand_.begin(), cand_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
   }
 
   if (params_.min_p > 0.0f) {
-    // p_i >= min_p · p_max  <=>  exp(s_i - s_max) >= min_p (the softmax normaliser cancels).
-    const double min_p = params_.min_p;
-    std::erase_if(cand_,
-                  [&](const Candidate& c) { return std::exp(static_cast<double>(c.score) - max_score) < min_p; });
+    // p_i >= min_p · p_max  <=>  weight_i >= min_p (the most probable token weighs exactly 1).
+    const float min_p = params_.min_p;
+    std::erase_if(cand_, [&](const Candidate& c) { return c.weight < min_p; });
   }
 
   QVL_CHECK(!cand_.empty()) << "sampler filtered out every token";
-  probs_.resize(cand_.size());
   double sum = 0;
-  for (size_t i = 0; i < cand_.size(); ++i)
-    sum += probs_[i] = std::exp(static_cast<double>(cand_[i].score) - max_score);
-  for (double& p : probs_) p /= sum;
+  for (const auto& c : cand_) sum += c.weight;
+  return sum;
 }
 
 std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
@@ -156,9 +174,15 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
     auto it = std::max_element(logits.begin(), logits.end());  // first maximum, like torch.argmax
     return {{static_cast<int32_t>(it - logits.begin()), 1.0}};
   }
-  filter(logits);
-  std::vector<TokenProb> out(cand_.size());
-  for (size_t i = 0; i < cand_.size(); ++i) out[i] = {cand_[i].id, probs_[i]};
+  const double sum = filter(logits);
+  std::vector<TokenProb> out;
+  if (all_survive_) {
+    out.resize(full_weights_.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = {static_cast<int32_t>(i), full_weights_[i] / sum};
+  } else {
+    out.resize(cand_.size());
+    for (size_t i = 0; i < cand_.size(); ++i) out[i] = {cand_[i].id, cand_[i].weight / sum};
+  }
   return out;
 }
 
@@ -183,12 +207,20 @@ int32_t Sampler::sample(std::span<float> logits) {
     auto it = std::max_element(logits.begin(), logits.end());
     return static_cast<int32_t>(it - logits.begin());
   }
-  filter(logits);
-  const double u = uniform();
+  const double sum = filter(logits);
+  // Inverse CDF on the unnormalised weights: the first token whose running weight exceeds u·sum.
+  const double target = uniform() * sum;
   double cum = 0;
-  for (size_t i = 0; i < cand_.size(); ++i) {
-    cum += probs_[i];
-    if (u < cum) return cand_[i].id;
+  if (all_survive_) {
+    for (size_t i = 0; i < full_weights_.size(); ++i) {
+      cum += full_weights_[i];
+      if (target < cum) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(full_weights_.size() - 1);
+  }
+  for (const auto& c : cand_) {
+    cum += c.weight;
+    if (target < cum) return c.id;
   }
   return cand_.back().id;
 }
