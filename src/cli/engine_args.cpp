@@ -19,7 +19,7 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
   app.add_option("--context", a->context, "Tokens per sequence: prompt (text + image tokens) and answer (4096)");
   app.add_option("--max-image-pixels", a->max_image_pixels, "Largest image in pixels (the model's max_pixels)");
   app.add_option("--max-image-tokens", a->max_image_tokens, "Largest image in merged tokens");
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step (2048)");
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step, prefill and decode rows together (512)");
   app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8")
       ->check(CLI::IsMember({"bf16", "fp8"}));
 }
@@ -56,13 +56,14 @@ Result<BackendChoice> make_backend(const EngineArgs& args) {
 }
 
 Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string& model_dir, const DeviceFacts& device,
-                                      int concurrency) {
+                                      int concurrency, int max_running) {
   LoadOptions o;
   o.model_dir = model_dir;
   RuntimeOptions& rt = o.runtime;
   if (args.context < 2) return invalid_argument("--context " + std::to_string(args.context) + " must be >= 2");
   rt.context_tokens = args.context;
   rt.concurrency = concurrency;
+  rt.max_running = max_running;
   rt.max_image_pixels = args.max_image_pixels;
   rt.max_image_tokens = args.max_image_tokens;
   if (args.prefill_chunk < 1)
@@ -82,7 +83,6 @@ Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string&
     rt.reserve_bytes = *b;
   }
   o.device = device;
-  o.max_running = concurrency;
   return o;
 }
 

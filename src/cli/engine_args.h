@@ -24,7 +24,7 @@ struct EngineArgs {
   int64_t context = 4096;         // prompt + answer tokens per sequence
   int64_t max_image_pixels = 0;   // 0 = the model's max_pixels
   int64_t max_image_tokens = 0;   // 0 = only the pixel cap
-  int64_t prefill_chunk = 2048;   // rows per decoder step
+  int64_t prefill_chunk = 512;    // rows per decoder step
   std::string kv_dtype = "bf16";  // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
 };
 
@@ -40,8 +40,9 @@ struct BackendChoice {
 // answers, else the CPU. Errors name the flag ("--backend cuda: this qvl was built without CUDA").
 Result<BackendChoice> make_backend(const EngineArgs& args);
 
-// LoadOptions for `model_dir` with `concurrency` sequences sharing the KV budget.
+// LoadOptions for `model_dir`: `concurrency` sequences that may each hold a full context, at most
+// `max_running` in one step (memory/planner.h RuntimeOptions).
 Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string& model_dir, const DeviceFacts& device,
-                                      int concurrency);
+                                      int concurrency, int max_running);
 
 }  // namespace qvl::cli

@@ -87,17 +87,20 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model,
                        Qwen3VLModel::create(*backend, m.config, std::move(weights)));
 
-  // 3. Engine limits from the plan's options.
+  // 3. Engine limits: exactly what the plan sized (runner buffers, page-table width).
   m.context_length = std::min<int64_t>(rt.context_tokens, m.config.text.max_position_embeddings);
   EngineOptions& eo = m.engine_options;
-  eo.max_running = options.max_running > 0 ? options.max_running : std::max(1, rt.concurrency);
-  eo.max_step_tokens = static_cast<int>(std::max<int64_t>(rt.prefill_chunk, eo.max_running));
+  eo.max_running = static_cast<int>(m.plan.max_seqs);
+  eo.max_step_tokens = static_cast<int>(m.plan.decoder.step_tokens);
   eo.max_context = m.context_length;
   eo.max_queued = options.max_queued;
   for (int id : m.config.generation.eos_token_ids) eo.eos_token_ids.push_back(id);
   const int page = rt.kv_page_tokens;
   Qwen3VLRunnerOptions ro;
-  ro.limits = runner_limits(eo, page, m.plan.image_patches);
+  ro.limits.max_step_tokens = eo.max_step_tokens;
+  ro.limits.max_seqs = eo.max_running;
+  ro.limits.max_pages_per_seq = static_cast<int>(m.plan.kv_pages_per_seq);
+  ro.limits.max_image_patches = m.plan.image_patches;
   ro.kv_dtype = on_cpu ? options.kv_dtype_cpu : rt.kv_dtype;
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                        make_qwen3vl_runner(backend, std::shared_ptr<const Qwen3VLModel>(std::move(model)), ro));

@@ -30,7 +30,6 @@ struct LoadOptions {
   std::string tokenizer_dir;  // "" = model_dir (tokenizer.json + tokenizer_config.json)
   RuntimeOptions runtime;     // context, concurrency, image caps, prefill chunk, KV dtype/page, budget
   DeviceFacts device;         // all zero for the CPU backend
-  int max_running = 0;        // running-batch size; 0 = runtime.concurrency
   int max_queued = 1024;
   DType kv_dtype_cpu = DType::kF32;  // the CPU backend keeps the cache in fp32 (the oracle's numerics)
 };

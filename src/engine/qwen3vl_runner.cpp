@@ -9,15 +9,13 @@
 
 namespace qvl {
 
-int64_t runner_arena_bytes(const ModelConfig& config, const RunnerLimits& limits, DType act) {
-  int64_t vision_features = 0, vision_scratch = 0;
-  if (limits.max_image_patches > 0) {
-    VisionActivationTerms v = vision_activation_terms(config, limits.max_image_patches, act);
-    vision_features = v.features();
-    vision_scratch = v.scratch();
-  }
-  DecoderActivationTerms d = decoder_activation_terms(config, limits.max_step_tokens, limits.max_seqs, act);
-  return vision_features + std::max(vision_scratch, d.peak()) + static_cast<int64_t>(Arena::kAlignment);
+RunnerBuffers runner_buffer_sizes(const ModelConfig& config, const RunnerLimits& limits, DType act) {
+  RunnerShape shape;
+  shape.max_step_tokens = limits.max_step_tokens;
+  shape.max_seqs = limits.max_seqs;
+  shape.max_pages_per_seq = limits.max_pages_per_seq;
+  shape.max_image_patches = limits.max_image_patches;
+  return runner_buffers(config, shape, act);
 }
 
 namespace {
@@ -52,15 +50,12 @@ class Qwen3VLRunner final : public ModelRunner {
     const ModelConfig& c = model_->config();
     const DType act = backend_->activation_dtype();
     const Device dev = backend_->device();
-    const int64_t arena_bytes_total = runner_arena_bytes(c, limits_, act);
-    QVL_ASSIGN_OR_RETURN(arena_buffer_, backend_->allocate(static_cast<size_t>(arena_bytes_total), "activations"));
+    const RunnerBuffers sizes = runner_buffer_sizes(c, limits_, act);
+    QVL_ASSIGN_OR_RETURN(arena_buffer_, backend_->allocate(static_cast<size_t>(sizes.arena), "activations"));
     arena_ = Arena(arena_buffer_.data(), arena_buffer_.size(), dev, "activation arena");
-    const int64_t inputs = step_input_bytes(limits_.max_step_tokens, limits_.max_seqs, limits_.max_pages_per_seq) +
-                           arena_bytes(limits_.max_seqs, DType::kI32);  // + logits rows
-    QVL_ASSIGN_OR_RETURN(inputs_buffer_, backend_->allocate(static_cast<size_t>(inputs), "step inputs"));
-    const size_t logits_bytes = static_cast<size_t>(limits_.max_seqs) * c.text.vocab_size * dtype_size(act);
-    QVL_ASSIGN_OR_RETURN(logits_buffer_, backend_->allocate(std::max<size_t>(logits_bytes, 1), "logits"));
-    if (act != DType::kF32) host_logits_.resize(logits_bytes / sizeof(uint16_t));
+    QVL_ASSIGN_OR_RETURN(inputs_buffer_, backend_->allocate(static_cast<size_t>(sizes.step_inputs), "step inputs"));
+    QVL_ASSIGN_OR_RETURN(logits_buffer_, backend_->allocate(static_cast<size_t>(sizes.logits), "logits"));
+    if (act != DType::kF32) host_logits_.resize(static_cast<size_t>(limits_.max_seqs) * c.text.vocab_size);
     return Status::ok();
   }
 

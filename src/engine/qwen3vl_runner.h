@@ -1,10 +1,10 @@
 // The ModelRunner of the real model: Qwen3VLModel (model/model.h) on a backend. It owns the
 // device memory one engine step needs, allocated once when it is made:
 //   - the activation arena: the largest image's features (kept while that image's prefill runs)
-//     plus the larger of the vision scratch and one decoder step, sized with memory/activations.h
-//     exactly as the planner sizes it;
+//     plus the larger of the vision scratch and one decoder step;
 //   - the step inputs (token ids, M-RoPE positions, slots, the TextBatch tables, logits rows),
-//     at fixed addresses, and the logits rows of one step.
+//     at fixed addresses, and the logits rows of one step;
+// sized by memory/activations.h runner_buffers(), exactly as the planner counts them.
 // Image features are the bottom of the arena: encode_image requires an empty arena (the engine
 // keeps one image alive at a time) and the features give it back when destroyed.
 #pragma once
@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "engine/model_runner.h"
+#include "memory/activations.h"
 #include "model/model.h"
 
 namespace qvl {
@@ -28,8 +29,8 @@ Result<std::unique_ptr<ModelRunner>> make_qwen3vl_runner(std::shared_ptr<Backend
                                                          std::shared_ptr<const Qwen3VLModel> model,
                                                          const Qwen3VLRunnerOptions& options);
 
-// Bytes of the activation arena a runner with `limits` allocates (features of the largest image
-// + max(vision scratch, decoder step)).
-int64_t runner_arena_bytes(const ModelConfig& config, const RunnerLimits& limits, DType activation_dtype);
+// The three buffers a runner with `limits` allocates (memory/activations.h runner_buffers: the
+// planner counts exactly these).
+RunnerBuffers runner_buffer_sizes(const ModelConfig& config, const RunnerLimits& limits, DType activation_dtype);
 
 }  // namespace qvl

@@ -1,0 +1,184 @@
+// The engine on the real model: the `tiny` Qwen3-VL architecture with random weights on the CPU
+// backend, driven through the Qwen3VLModel runner, the paged KV pool and the scheduler.
+//   - greedy tokens equal the model engineer's SequenceRunner (one sequence, identity pages, no
+//     batching) for a prompt with two images;
+//   - the same requests give the same tokens alone and inside a busy batch (small steps so that
+//     prompts are chunked beside decodes, a small pool so that sequences are preempted and
+//     recomputed, images encoded one at a time);
+//   - the same seed gives the same sampled tokens.
+// The CPU backend computes every row independently of its batch (model_chunked_test.cpp), so
+// tokens must match exactly.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/factory.h"
+#include "engine/qwen3vl_runner.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "model/runner.h"
+#include "random_model.h"
+#include "unit/engine_fakes.h"
+
+namespace qvl {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct TinyModel {
+  ModelConfig cfg = preset_config("tiny").value();
+  std::shared_ptr<Backend> backend{make_cpu_backend(2)};
+  test::RandomModel weights{cfg, *backend, 11};
+  std::shared_ptr<const Qwen3VLModel> model{Qwen3VLModel::create(*backend, cfg, weights.weights).value()};
+};
+
+TinyModel& tiny() {
+  static TinyModel* m = new TinyModel();  // shared by the tests (building it costs ~1 s)
+  return *m;
+}
+
+std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64_t pool_pages, int page_size = 4) {
+  TinyModel& t = tiny();
+  EngineOptions eo;
+  eo.max_running = max_running;
+  eo.max_step_tokens = step_tokens;
+  eo.max_context = 256;
+  eo.eos_token_ids = {151645, 151643};
+  Qwen3VLRunnerOptions ro;
+  ro.limits = runner_limits(eo, page_size, /*max_image_patches=*/64);
+  ro.kv_dtype = DType::kF32;
+  auto runner = make_qwen3vl_runner(t.backend, t.model, ro);
+  EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
+  const KvLayout layout = (*runner)->info().kv_layout;
+  auto storage = make_host_region(layout.token_bytes() * page_size * pool_pages).value();
+  auto pool = KvPagePool::create(std::move(storage), layout, {page_size, pool_pages, 4, 0});
+  EXPECT_TRUE(pool.is_ok()) << pool.status().to_string();
+  auto engine = make_engine(std::move(runner).value(), std::move(pool).value(), test::fake_text_streams(), eo);
+  EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
+  return std::move(engine).value();
+}
+
+PreparedImage random_image(int h, int w, uint32_t seed) {
+  PreparedImage img;
+  img.grid_h = h;
+  img.grid_w = w;
+  img.pixel_values.resize(static_cast<size_t>(h) * w * tiny().cfg.vision.patch_dim());
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (float& v : img.pixel_values) v = d(gen);
+  return img;
+}
+
+// A chat-shaped prompt with the given images (grid h×w each → h·w/4 pads) and some text.
+GenerationRequest make_request(const std::vector<PreparedImage>& images, int text_salt, int max_tokens) {
+  const int pad = tiny().cfg.tokens.image_token_id;
+  GenerationRequest r;
+  r.prompt_ids = {151644, 872, 198};
+  for (const auto& img : images) {
+    r.prompt_ids.push_back(151652);
+    r.prompt_ids.insert(r.prompt_ids.end(), img.num_patches() / 4, pad);
+    r.prompt_ids.push_back(151653);
+  }
+  for (int i = 0; i < 5 + text_salt % 7; ++i) r.prompt_ids.push_back(1000 + 37 * i + 101 * text_salt);
+  r.prompt_ids.insert(r.prompt_ids.end(), {151645, 198, 151644, 77091, 198});
+  r.images = images;
+  r.sampling.temperature = 0;
+  r.sampling.top_k = 0;
+  r.sampling.top_p = 1;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> collect_ids(RequestStream& s) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 2000; ++i) {
+    auto ev = s.next(50ms);
+    if (!ev) continue;
+    ids.insert(ids.end(), ev->token_ids.begin(), ev->token_ids.end());
+    if (ev->kind == GenerationEvent::Kind::kFinished) {
+      EXPECT_NE(ev->finish_reason, FinishReason::kError) << ev->error.to_string();
+      return ids;
+    }
+  }
+  ADD_FAILURE() << "request did not finish";
+  return ids;
+}
+
+std::vector<std::vector<int32_t>> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto s = engine.submit(r);
+    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    streams.push_back(std::move(s).value());
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (auto& s : streams) out.push_back(collect_ids(*s));
+  return out;
+}
+
+// Greedy decoding with SequenceRunner, the model's own single-sequence driver.
+std::vector<int32_t> sequence_runner_greedy(const GenerationRequest& r) {
+  SequenceRunner::Options opt;
+  opt.max_tokens = 256;
+  opt.page_size = 16;
+  auto runner = SequenceRunner::create(*tiny().model, opt).value();
+  std::vector<ImageInput> inputs;
+  for (const auto& img : r.images) inputs.push_back({img.pixel_values.data(), ImageGrid{1, img.grid_h, img.grid_w}});
+  std::vector<float> logits = runner->prefill(r.prompt_ids, inputs, 1).value();
+  std::vector<int32_t> out;
+  while (static_cast<int>(out.size()) < r.sampling.max_tokens) {
+    out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    if (static_cast<int>(out.size()) < r.sampling.max_tokens) logits = runner->decode(out.back()).value();
+  }
+  return out;
+}
+
+TEST(EngineModel, GreedyTokensEqualTheSequenceRunner) {
+  auto req = make_request({random_image(4, 6, 1), random_image(4, 4, 2)}, 3, 10);
+  auto engine = make_tiny_engine(4, 16, 64);
+  auto got = run_all(*engine, {req});
+  EXPECT_EQ(got[0], sequence_runner_greedy(req));
+}
+
+TEST(EngineModel, SameTokensAloneAndInsideABusyBatch) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<PreparedImage> images;
+    if (i % 3 != 2) images.push_back(random_image(4, 2 + 2 * (i % 3), 10 + i));
+    if (i % 2 == 0) images.push_back(random_image(2, 4, 20 + i));
+    auto r = make_request(images, i, 8 + i);
+    if (i % 2) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 40;
+      r.sampling.seed = 100 + i;
+    }
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  {
+    auto engine = make_tiny_engine(1, 64, 64);
+    for (const auto& r : reqs) alone.push_back(run_all(*engine, {r})[0]);
+  }
+  // 4 at once in 7-row steps (prompts of 20-30 tokens are chunked beside decodes) and a pool of
+  // 30 pages of 4 tokens that cannot hold four of them to the end (preemption).
+  auto engine = make_tiny_engine(4, 7, 30);
+  auto busy = run_all(*engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(busy[i], alone[i]) << "request " << i;
+  EXPECT_EQ(engine->stats().kv_pages_used, 0);
+}
+
+TEST(EngineModel, SameSeedSameTokens) {
+  auto r = make_request({random_image(2, 2, 5)}, 1, 12);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 42;
+  auto r2 = r;
+  r2.sampling.seed = 43;
+  auto engine = make_tiny_engine(4, 32, 64);
+  auto out = run_all(*engine, {r, r, r2});
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_NE(out[0], out[2]);
+}
+
+}  // namespace
+}  // namespace qvl
