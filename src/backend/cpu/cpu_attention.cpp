@@ -77,7 +77,7 @@ void vision_rope(int threads, Tensor qkv, const Tensor& rope, int nh, int dh) {
   const int64_t N = qkv.dim(0), width = 3LL * nh * dh;
   float* base = qkv.as<float>();
   const float* table = rope.as<const float>();
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if(N * width >= kParallelMinWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* cos = table + i * 2 * dh;
     const float* sin = cos + dh;
@@ -140,7 +140,7 @@ void text_qkv_prepare(int threads, Tensor qkv, const Tensor& q_norm, const Tenso
   float* base = qkv.as<float>();
   const int64_t kv_row = static_cast<int64_t>(hkv) * dh;
 
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if(n * width >= kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     // cos/sin of the interleaved M-RoPE angles, duplicated over both halves of head_dim.
     float cs[2 * 256];
@@ -193,7 +193,9 @@ void text_attention(int threads, Tensor out, const Tensor& qkv, const TextBatch&
   const float* in = qkv.as<const float>();
   float* o = out.as<float>();
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  // Work ~ rows × kv heads × context; a short decode step stays on the calling thread.
+  const int64_t work = n * hkv * (batch.max_context + 1) * (group + 1) * dh;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(work >= kParallelMinWork)
   for (int64_t task = 0; task < n * hkv; ++task) {
     const int64_t i = task / hkv;
     const int g = static_cast<int>(task % hkv);

@@ -24,6 +24,10 @@
 
 namespace qvl::cpu {
 
+// Elementwise loops smaller than this run on the calling thread: a decode step has dozens of
+// one-row ops, and waking the team for each costs more than the work.
+inline constexpr int64_t kParallelMinWork = 1 << 15;
+
 // Converts n elements of a float tensor of dtype `dt` (F32, BF16, F16) starting at element
 // `offset` into dst.
 void to_f32(const void* src, DType dt, int64_t offset, int64_t n, float* dst);

@@ -244,7 +244,7 @@ void linear(int threads, Tensor out, const Tensor& x, const LinearWeight& w, con
                         w.bias.empty() ? nullptr : w.bias.as<const float>(), n, K, O, w.block_size, ep.act};
   const int64_t xblocks = (n + kTileX - 1) / kTileX;
   const int64_t tasks = static_cast<int64_t>(tiles.size()) * xblocks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(n * O * K >= 64 * kParallelMinWork)
   for (int64_t task = 0; task < tasks; ++task) {
     const Tile& t = tiles[task / xblocks];
     const int64_t x0 = (task % xblocks) * kTileX;
