@@ -122,6 +122,39 @@ def manual_template(messages):
     return s + "<|im_start|>assistant\n"
 
 
+class HandProcessor:
+    """Fallback inputs: Qwen2VLImageProcessor with the checkpoint's preprocessing values, the
+    tokenizer.json through `tokenizers`, the spec 4.1 chat format and the processor's pad
+    expansion (grid_h * grid_w / 4 pads per image)."""
+
+    def __init__(self, ckpt, torch):
+        from tokenizers import Tokenizer
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+        self.torch = torch
+        self.image_processor = Qwen2VLImageProcessor(
+            size={"shortest_edge": MIN_PIXELS, "longest_edge": 16777216}, patch_size=16, temporal_patch_size=2,
+            merge_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        self.tok = Tokenizer.from_file(os.path.join(ckpt, "tokenizer.json"))
+
+    def __call__(self, text, images=None, return_tensors="pt"):
+        torch = self.torch
+        t = text[0]
+        out = {}
+        if images:
+            o = self.image_processor(images=images, return_tensors="pt")
+            out["pixel_values"], out["image_grid_thw"] = o["pixel_values"], o["image_grid_thw"]
+            parts = t.split("<|image_pad|>")
+            t = parts[0]
+            for i, rest in enumerate(parts[1:]):
+                t += "<|image_pad|>" * (int(o["image_grid_thw"][i].prod()) // 4) + rest
+        ids = self.tok.encode(t, add_special_tokens=False).ids
+        out["input_ids"] = torch.tensor([ids])
+        out["attention_mask"] = torch.ones_like(out["input_ids"])
+        out["mm_token_type_ids"] = (out["input_ids"] == 151655).int()
+        return out
+
+
 def make_processor(ckpt, work, repo):
     """The checkpoint's own processor, with min_pixels lowered (a copy of its non-weight files)."""
     from transformers import AutoProcessor
@@ -309,7 +342,12 @@ def main():
         dtypes = {str(p.dtype) for p in model.parameters()}
         if dtypes != {"torch.float32"}:
             die(f"{preset}: parameters are {dtypes}, expected float32 only")
-        proc, template_source = make_processor(ckpt, os.path.join(work, preset + "_proc"), repo)
+        try:
+            proc, template_source = make_processor(ckpt, os.path.join(work, preset + "_proc"), repo)
+        except Exception as e:  # keep going with hand-built inputs rather than produce nothing
+            log(f"WARNING: the checkpoint's processor could not be built ({type(e).__name__}: {e}); "
+                "building inputs by hand (image processor + tokenizers + the documented chat format)")
+            proc, template_source = HandProcessor(ckpt, torch), "manual (spec 4.1), hand-built inputs"
         entry["chat_template"] = template_source
         cfg = model.config
         vis = model.model.visual
@@ -342,21 +380,22 @@ def main():
                     t = output[0] if isinstance(output, (tuple, list)) else output
                     stages[key] = t.detach().float().reshape(-1, t.shape[-1]).numpy().copy()
                 return fn
-            def save_input(key):
-                def fn(mod, args):
-                    stages[key] = args[0].detach().float().reshape(-1, args[0].shape[-1]).numpy().copy()
+            def save_input(key):  # the module's hidden_states input (positional or keyword)
+                def fn(mod, args, kwargs):
+                    t = args[0] if args else kwargs["hidden_states"]
+                    stages[key] = t.detach().float().reshape(-1, t.shape[-1]).numpy().copy()
                 return fn
             captured = {}
             def lm_pre(mod, args, kwargs):
                 captured["position_ids"] = kwargs.get("position_ids")
             if names:
-                hooks.append(vis.blocks[0].register_forward_pre_hook(save_input("vision.patch_embed")))
+                hooks.append(vis.blocks[0].register_forward_pre_hook(save_input("vision.patch_embed"), with_kwargs=True))
                 for i, blk in enumerate(vis.blocks):
                     hooks.append(blk.register_forward_hook(save(f"vision.block.{i}")))
                 for j, m in enumerate(vis.deepstack_merger_list):
                     hooks.append(m.register_forward_hook(save(f"vision.deepstack.{j}")))
                 hooks.append(vis.merger.register_forward_hook(save("vision.merger")))
-            hooks.append(lm.layers[0].register_forward_pre_hook(save_input("text.embeds")))
+            hooks.append(lm.layers[0].register_forward_pre_hook(save_input("text.embeds"), with_kwargs=True))
             for l, layer in enumerate(lm.layers):
                 hooks.append(layer.register_forward_hook(save(f"text.layer.{l}")))
             hooks.append(lm.norm.register_forward_hook(save("text.norm")))
@@ -368,6 +407,14 @@ def main():
             for h in hooks:
                 h.remove()
             L = len(ids)
+            want = {"text.embeds", "text.norm"} | {f"text.layer.{l}" for l in range(len(lm.layers))}
+            if names:
+                want |= {"vision.patch_embed", "vision.merger"} | {f"vision.block.{i}" for i in range(len(vis.blocks))}
+                want |= {f"vision.deepstack.{j}" for j in range(len(vis.deepstack_merger_list))}
+            if set(stages) != want:
+                die(f"{preset}/{case}: hooks captured {sorted(stages)}, expected {sorted(want)}")
+            if stages["text.embeds"].shape[0] != L:
+                die(f"{preset}/{case}: text.embeds has {stages['text.embeds'].shape[0]} rows for {L} tokens")
             pos = captured.get("position_ids")
             if pos is None:  # text only: the language model uses arange
                 positions = [[i, i, i] for i in range(L)]
