@@ -271,10 +271,12 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
     p.budget_bytes = o.gpu_memory_bytes;
     p.budget_source = "--gpu-memory";
   } else if (device.present) {
-    // The free memory was measured after this process created its CUDA context, so the context
-    // is already spent from it: add the planned context back instead of counting it twice.
+    // The free memory was measured after this process created its CUDA context (and maybe after
+    // the backend allocated its workspaces): add the planned sizes of what is already spent back
+    // instead of counting it twice.
+    const int64_t held = p.cuda_context + (device.workspaces_allocated ? p.backend_workspace : 0);
     p.has_budget = true;
-    p.budget_bytes = std::max<int64_t>(0, device.free_bytes - o.reserve_bytes + p.cuda_context);
+    p.budget_bytes = std::max<int64_t>(0, device.free_bytes - o.reserve_bytes + held);
     p.budget_source = "free memory of " + device.name + " (" + format_bytes(device.free_bytes) + ") minus reserve (" +
                       format_bytes(o.reserve_bytes) + ")";
   } else {

@@ -57,7 +57,8 @@ struct DeviceFacts {
   int compute_capability = 0;  // 80, 86, 89, 90, 120, ...; 0 = unknown
   int sm_count = 0;            // 0 = unknown
   int64_t total_bytes = 0;
-  int64_t free_bytes = 0;  // cudaMemGetInfo, taken after this process created its context
+  int64_t free_bytes = 0;             // cudaMemGetInfo, taken after this process created its context
+  bool workspaces_allocated = false;  // ...and after the CUDA backend allocated its workspaces
 };
 
 // One row of the per-architecture overhead table (planner.cpp holds the values and their sources).

@@ -195,6 +195,9 @@ TEST(PlannerVerdict, BudgetFromFreeMemoryMinusReserve) {
   // (8 MiB + 24 SMs × 2980 KiB for sm_89) is added back so it is not counted twice.
   EXPECT_EQ(p.cuda_context, 8 * kMiB + 24 * 2980 * kKiB);
   EXPECT_EQ(p.budget_bytes, 7 * kGiB - 256 * kMiB + p.cuda_context);
+  // Measured after the backend allocated its workspaces too: those are added back as well.
+  d.workspaces_allocated = true;
+  EXPECT_EQ(plan_ok(preset("2b"), o, d).budget_bytes, 7 * kGiB - 256 * kMiB + p.cuda_context + p.backend_workspace);
   // --gpu-memory wins over the device.
   o.gpu_memory_bytes = 3 * kGiB;
   EXPECT_EQ(plan_ok(preset("2b"), o, d).budget_bytes, 3 * kGiB);
