@@ -44,6 +44,10 @@ void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, co
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep);
 
+// Sets the kernels' shared-memory limits; call once per device before the first launch.
+void configure_vision_attention();
+void configure_text_attention();
+
 // ---- attention_vision.cu ----
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                              int num_heads, int head_dim, float scale);

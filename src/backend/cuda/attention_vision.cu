@@ -1,0 +1,109 @@
+// Vision attention: non-causal softmax(q·kᵀ·scale)·v inside each segment (one per image or
+// temporal slice) of packed qkv [N, 3·nh·dh], through the flash core (flash.cuh) with 128
+// query rows per block. Head dims 64 and 72 (Qwen3-VL 2B/4B and 8B) have fast kernels; other
+// head dims use the generic kernel (attention_generic.cu). Blocks find their segment by
+// walking cu_seqlens on the device; the grid is sized from the host copy of it.
+#include "backend/cuda/flash.cuh"
+
+namespace qvl::cuda {
+namespace {
+
+constexpr int kVisionWarps = 8;
+constexpr int kBM = 16 * kVisionWarps;
+
+template <int HD>
+struct SegmentPolicy {
+  struct Params {
+    const bf16* qkv;
+    bf16* out;
+    const int32_t* cu;
+    int num_segments;
+    int heads;
+  };
+  __device__ static bool locate(const Params& p, flash::Tile& t) {
+    int idx = blockIdx.x;
+    for (int s = 0; s < p.num_segments; ++s) {
+      const int begin = p.cu[s], len = p.cu[s + 1] - begin;
+      const int tiles = (len + kBM - 1) / kBM;
+      if (idx < tiles) {
+        t.head = blockIdx.y;
+        t.qn = min(kBM, len - idx * kBM);
+        t.kn = len;
+        t.a = begin + idx * kBM;  // first query row
+        t.b = begin;              // first key row
+        return true;
+      }
+      idx -= tiles;
+    }
+    return false;
+  }
+  __device__ static int64_t ld(const Params& p) { return 3LL * p.heads * HD; }
+  __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
+    return p.qkv + (t.a + i) * ld(p) + t.head * HD;
+  }
+  __device__ static const bf16* k_row(const Params& p, const flash::Tile& t, int j) {
+    return p.qkv + (t.b + j) * ld(p) + static_cast<int64_t>(p.heads + t.head) * HD;
+  }
+  __device__ static const bf16* v_row(const Params& p, const flash::Tile& t, int j) {
+    return p.qkv + (t.b + j) * ld(p) + static_cast<int64_t>(2 * p.heads + t.head) * HD;
+  }
+  __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
+    return p.out + (t.a + i) * static_cast<int64_t>(p.heads) * HD + t.head * HD;
+  }
+};
+
+template <int HD>
+void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
+  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
+  launch(ctx, "vision_attention", flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>>, dim3(tiles, prm.heads),
+         dim3(kVisionWarps * 32), smem, prm, scale * 1.4426950408889634f);
+}
+
+template <int HD>
+void configure() {
+  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+}
+
+}  // namespace
+
+void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
+                                     const VisionSegments& seg, int num_heads, int head_dim, float scale);
+
+void configure_vision_attention() {
+  configure<64>();
+  configure<72>();
+}
+
+void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
+                             int num_heads, int head_dim, float scale) {
+  QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
+  QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
+  QVL_CHECK_EQ(out.row_numel(), 1LL * num_heads * head_dim);
+  QVL_CHECK_EQ(out.dim(0), qkv.dim(0));
+  QVL_CHECK(seg.cu_seqlens.dtype == DType::kI32 && seg.cu_seqlens.numel() ==
+                                                       static_cast<int64_t>(seg.host_cu_seqlens.size()))
+      << "cu_seqlens " << seg.cu_seqlens.describe() << " vs " << seg.host_cu_seqlens.size() << " host values";
+  QVL_CHECK_GE(seg.host_cu_seqlens.size(), 1u);
+  QVL_CHECK_EQ(seg.host_cu_seqlens.front(), 0);
+  QVL_CHECK_EQ(seg.host_cu_seqlens.back(), qkv.dim(0));
+  unsigned tiles = 0;
+  for (size_t s = 0; s + 1 < seg.host_cu_seqlens.size(); ++s) {
+    const int len = seg.host_cu_seqlens[s + 1] - seg.host_cu_seqlens[s];
+    QVL_CHECK_GE(len, 0) << "segment " << s;
+    tiles += ceil_div(len, kBM);
+  }
+  if (head_dim != 64 && head_dim != 72) {
+    launch_vision_attention_generic(ctx, out, qkv, seg, num_heads, head_dim, scale);
+    return;
+  }
+  const int nseg = static_cast<int>(seg.host_cu_seqlens.size()) - 1;
+  if (head_dim == 64) {
+    run<64>(ctx, {qkv.as<bf16>(), out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), nseg, num_heads}, tiles, scale);
+  } else {
+    run<72>(ctx, {qkv.as<bf16>(), out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), nseg, num_heads}, tiles, scale);
+  }
+}
+
+}  // namespace qvl::cuda

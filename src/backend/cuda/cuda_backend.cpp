@@ -1,0 +1,469 @@
+// The CUDA backend (backend.h on one device and one stream). Ordinary C++: kernels are reached
+// through kernels.h, cuBLASLt through gemm.h, growable regions through region.h. Everything the
+// ops need beyond their arguments (workspaces, scratch) is allocated in the constructor.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/region.h"
+#include "core/log.h"
+
+namespace qvl {
+namespace {
+
+using cuda::AllocationStats;
+using cuda::LaunchContext;
+
+#define QVL_CUDA_OK(expr)                                                                                   \
+  do {                                                                                                      \
+    cudaError_t qvl_e_ = (expr);                                                                            \
+    QVL_CHECK(qvl_e_ == cudaSuccess) << #expr << ": " << cudaGetErrorName(qvl_e_) << " ("                   \
+                                     << cudaGetErrorString(qvl_e_) << ")";                                  \
+  } while (0)
+
+// Host-side conversion of n elements to BF16 or F32 (weights whose checkpoint dtype differs
+// from what the model asks for; rare, small tensors).
+bool host_convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  auto read = [&](int64_t i) -> float {
+    switch (from) {
+      case DType::kF32: return static_cast<const float*>(src)[i];
+      case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+      case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(src)[i]);
+      default: return 0.0f;
+    }
+  };
+  if (from != DType::kF32 && from != DType::kBF16 && from != DType::kF16) return false;
+  if (to == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = float_to_bf16(read(i));
+  } else if (to == DType::kF32) {
+    for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = read(i);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& options, const CudaDeviceInfo& info, size_t context_bytes)
+      : options_(options), info_(info), context_bytes_(context_bytes), stats_(std::make_shared<AllocationStats>()) {}
+
+  ~CudaBackend() override {
+    clear_graphs();
+    gemm_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status init() {
+    QVL_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ctx_.stream = stream_;
+    ctx_.pdl = options_.programmatic_launch && info_.compute_capability >= 90;
+    ctx_.num_sms = std::max(1, info_.multiprocessors);
+    QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
+    QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
+    QVL_ASSIGN_OR_RETURN(decode_scratch_, allocate(cuda_decode_scratch_bytes(options_), "decode attention scratch"));
+    gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
+    cuda::configure_vision_attention();
+    cuda::configure_text_attention();
+    return Status::ok();
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda:" + std::to_string(info_.ordinal) + " (" + info_.name + ")"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  CudaMemoryStats memory_stats() const {
+    CudaMemoryStats s;
+    s.allocated_bytes = stats_->allocated.load();
+    s.peak_allocated_bytes = stats_->peak.load();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) s.device_used_bytes = total_b - free_b;
+    s.context_bytes = context_bytes_;
+    return s;
+  }
+
+  // ---- memory ----
+  Result<DeviceBuffer> allocate(size_t bytes, const std::string& tag) override {
+    QVL_CHECK(!capturing()) << "allocate(" << tag << ") while recording a graph";
+    void* p = nullptr;
+    const size_t size = std::max<size_t>(bytes, 1);
+    cudaError_t err = cudaMalloc(&p, size);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      return resource_exhausted(tag + ": cannot allocate " + std::to_string(bytes >> 20) + " MiB on " + name() +
+                                " (" + std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) +
+                                ")");
+    }
+    stats_->add(size);
+    auto stats = stats_;
+    std::shared_ptr<void> owner(p, [stats, size](void* q) {
+      cudaFree(q);
+      stats->sub(size);
+    });
+    return DeviceBuffer(p, bytes, std::move(owner));
+  }
+
+  void copy_to_device(Tensor dst, const void* host_src) override {
+    QVL_CHECK(!capturing()) << "copy_to_device while recording a graph";
+    QVL_CHECK(dst.device == Device::kCuda) << dst.describe();
+    if (dst.nbytes() == 0) return;
+    QVL_CUDA_OK(cudaMemcpyAsync(dst.data, host_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    // A pageable source is staged before the call returns; a pinned one is read later, so wait
+    // for it: the caller may reuse its buffer as soon as we return.
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, host_src) == cudaSuccess && attr.type == cudaMemoryTypeHost) {
+      QVL_CUDA_OK(cudaStreamSynchronize(stream_));
+    }
+    cudaGetLastError();
+  }
+
+  void copy_to_host(void* host_dst, const Tensor& src) override {
+    QVL_CHECK(!capturing()) << "copy_to_host while recording a graph";
+    QVL_CHECK(src.device == Device::kCuda) << src.describe();
+    if (src.nbytes() == 0) return;
+    QVL_CUDA_OK(cudaMemcpyAsync(host_dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    QVL_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+  void copy(Tensor dst, const Tensor& src) override {
+    QVL_CHECK_EQ(dst.nbytes(), src.nbytes()) << dst.describe() << " <- " << src.describe();
+    if (dst.nbytes() == 0 || dst.data == src.data) return;
+    QVL_CUDA_OK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void synchronize() override {
+    QVL_CHECK(!capturing()) << "synchronize while recording a graph";
+    QVL_CUDA_OK(cudaStreamSynchronize(stream_));
+    QVL_CUDA_OK(cudaGetLastError());
+  }
+
+  // ---- weights ----
+  Result<Tensor> load_tensor(const Tensor& host, DType as) override {
+    Tensor out = host;
+    out.dtype = as;
+    out.device = Device::kCuda;
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, allocate(out.nbytes(), "weight " + host.shape_string()));
+    out.data = buf.data();
+    QVL_RETURN_IF_ERROR(upload_converted(out.data, host, as));
+    weights_.push_back(std::move(buf));
+    return out;
+  }
+
+  Result<LinearWeight> load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,
+                                   int block_size) override;
+
+  // ---- ops ----
+  void embedding(Tensor out, const Tensor& table, const Tensor& ids) override {
+    cuda::launch_embedding(ctx_, out, table, ids);
+  }
+  void scatter_rows(Tensor x, const Tensor& rows, const Tensor& src, bool accumulate) override {
+    cuda::launch_scatter_rows(ctx_, x, rows, src, accumulate);
+  }
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override {
+    cuda::launch_gather_rows(ctx_, out, x, rows);
+  }
+  void rms_norm(Tensor out, const Tensor& x, const Tensor& weight, float eps) override {
+    cuda::launch_rms_norm(ctx_, out, x, weight, eps);
+  }
+  void layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) override {
+    cuda::launch_layer_norm(ctx_, out, x, weight, bias, eps);
+  }
+  void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) override;
+  void silu_mul(Tensor out, const Tensor& gate_up) override { cuda::launch_silu_mul(ctx_, out, gate_up); }
+  void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override {
+    cuda::launch_add_interpolated(ctx_, x, table, idx, w);
+  }
+  void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) override {
+    cuda::launch_vision_rope(ctx_, qkv, rope, num_heads, head_dim);
+  }
+  void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
+                        float scale) override {
+    cuda::launch_vision_attention(ctx_, out, qkv, seg, num_heads, head_dim, scale);
+  }
+  void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, const MropeSpec& rope,
+                        const TextBatch& batch, const KvCacheView& cache, int layer,
+                        const TextAttentionShape& shape) override {
+    const size_t half = static_cast<size_t>(shape.head_dim / 2);
+    QVL_CHECK(rope.inv_freq.size() == half && rope.axis.size() == half)
+        << "M-RoPE spec has " << rope.inv_freq.size() << " frequencies and " << rope.axis.size()
+        << " axes for head_dim " << shape.head_dim;
+    QVL_CHECK_LE(half, 128u);
+    cuda::MropeParams params{};
+    params.half = static_cast<int>(half);
+    for (size_t j = 0; j < half; ++j) {
+      QVL_CHECK_LT(rope.axis[j], 3) << "M-RoPE axis of frequency " << j;
+      params.inv_freq[j] = rope.inv_freq[j];
+      params.axis[j] = rope.axis[j];
+    }
+    cuda::launch_text_qkv_prepare(ctx_, qkv, q_norm, k_norm, eps, params, batch, cache, layer, shape);
+  }
+  void text_attention(Tensor out, const Tensor& qkv, const TextBatch& batch, const KvCacheView& cache, int layer,
+                      const TextAttentionShape& shape, float scale) override {
+    if (batch.num_tokens == 0) return;
+    if (batch.num_tokens == batch.num_seqs) {
+      cuda::launch_text_decode_attention(ctx_, out, qkv, batch, cache, layer, shape, scale,
+                                         static_cast<float*>(decode_scratch_.data()), decode_scratch_.size());
+    } else {
+      cuda::launch_text_prefill_attention(ctx_, out, qkv, batch, cache, layer, shape, scale);
+    }
+  }
+
+  // ---- regions and graphs ----
+  Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag) override {
+    QVL_CHECK(!capturing()) << "reserve_region(" << tag << ") while recording a graph";
+    return cuda::reserve_vmm_region(info_.ordinal, max_bytes, tag, stats_);
+  }
+
+  void run_graph(const std::string& key, const std::function<void()>& record) override;
+  void clear_graphs() override {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
+ private:
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (!stream_ || cudaStreamIsCapturing(stream_, &st) != cudaSuccess) return false;
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  // Copies `host` to device memory at dst as dtype `as` (converting on the host if needed).
+  Status upload_converted(void* dst, const Tensor& host, DType as) {
+    const int64_t n = host.numel();
+    if (host.dtype == as) {
+      QVL_CUDA_OK(cudaMemcpy(dst, host.data, host.nbytes(), cudaMemcpyHostToDevice));
+      return Status::ok();
+    }
+    std::vector<char> tmp(static_cast<size_t>(n) * dtype_size(as));
+    if (!host_convert(host.data, host.dtype, tmp.data(), as, n))
+      return unimplemented("cannot convert a " + std::string(dtype_name(host.dtype)) + " tensor " +
+                           host.shape_string() + " to " + std::string(dtype_name(as)) + " on the CUDA backend");
+    QVL_CUDA_OK(cudaMemcpy(dst, tmp.data(), tmp.size(), cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+
+  void gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep);
+
+  CudaBackendOptions options_;
+  CudaDeviceInfo info_;
+  size_t context_bytes_;
+  std::shared_ptr<AllocationStats> stats_;
+  cudaStream_t stream_ = nullptr;
+  LaunchContext ctx_;
+  DeviceBuffer gemm_ws_, dequant_ws_, decode_scratch_;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
+  std::vector<DeviceBuffer> weights_;
+  std::map<std::string, cudaGraphExec_t> graphs_;
+};
+
+Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,
+                                              int block_size) {
+  if (parts.empty()) return invalid_argument("load_linear: no weight parts");
+  const bool fp8 = parts[0].weight.dtype == DType::kF8E4M3;
+  const int64_t in = parts[0].weight.dim(1);
+  int64_t out = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& w = parts[i].weight;
+    if (w.ndim != 2 || w.dim(1) != in)
+      return invalid_argument("load_linear: part " + std::to_string(i) + " is " + w.describe() + ", expected [*, " +
+                              std::to_string(in) + "]");
+    if ((w.dtype == DType::kF8E4M3) != fp8)
+      return invalid_argument("load_linear: part " + std::to_string(i) + " is " + w.describe() +
+                              " but part 0 is " + parts[0].weight.describe());
+    out += w.dim(0);
+  }
+  LinearWeight lw;
+  lw.out_features = out;
+  lw.in_features = in;
+  lw.block_size = block_size;
+  LinearPart merged;
+  if (!fp8) {
+    Tensor wt(nullptr, DType::kBF16, {out, in}, Device::kCuda);
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, allocate(wt.nbytes(), "linear " + wt.shape_string()));
+    wt.data = buf.data();
+    int64_t row = 0;
+    for (const LinearPart& p : parts) {
+      QVL_RETURN_IF_ERROR(upload_converted(static_cast<char*>(wt.data) + row * in * 2, p.weight, DType::kBF16));
+      row += p.weight.dim(0);
+    }
+    weights_.push_back(std::move(buf));
+    merged.weight = wt;
+  } else {
+    if (block_size <= 0) return invalid_argument("load_linear: FP8 block size " + std::to_string(block_size));
+    const int64_t kb = (in + block_size - 1) / block_size;
+    // Block scales stay one row per block when every part but the last starts on a block
+    // boundary (all Qwen3-VL shapes); otherwise each weight row gets its own scale row.
+    bool aligned = true;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) aligned &= parts[i].weight.dim(0) % block_size == 0;
+    const int64_t scale_rows = aligned ? (out + block_size - 1) / block_size : out;
+    Tensor wt(nullptr, DType::kF8E4M3, {out, in}, Device::kCuda);
+    Tensor st(nullptr, DType::kF32, {scale_rows, kb}, Device::kCuda);
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer wbuf, allocate(wt.nbytes(), "fp8 linear " + wt.shape_string()));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer sbuf, allocate(st.nbytes(), "fp8 scales " + st.shape_string()));
+    wt.data = wbuf.data();
+    st.data = sbuf.data();
+    std::vector<float> scales(static_cast<size_t>(scale_rows * kb));
+    int64_t row = 0, srow = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const LinearPart& p = parts[i];
+      const int64_t rows = p.weight.dim(0), prow = (rows + block_size - 1) / block_size;
+      const Tensor& s = p.scale_inv;
+      if (s.ndim != 2 || s.dim(0) != prow || s.dim(1) != kb)
+        return invalid_argument("load_linear: part " + std::to_string(i) + " scale_inv is " + s.describe() +
+                                ", expected [" + std::to_string(prow) + ", " + std::to_string(kb) + "] for " +
+                                p.weight.describe() + " with " + std::to_string(block_size) + "-blocks");
+      std::vector<float> ps(static_cast<size_t>(prow * kb));
+      if (!host_convert(s.data, s.dtype, ps.data(), DType::kF32, prow * kb))
+        return invalid_argument("load_linear: scale_inv dtype " + std::string(dtype_name(s.dtype)));
+      QVL_CUDA_OK(cudaMemcpy(static_cast<char*>(wt.data) + row * in, p.weight.data, p.weight.nbytes(),
+                             cudaMemcpyHostToDevice));
+      if (aligned) {
+        std::copy(ps.begin(), ps.end(), scales.begin() + srow * kb);
+        srow += prow;
+      } else {
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(ps.begin() + (r / block_size) * kb, kb, scales.begin() + (row + r) * kb);
+      }
+      row += rows;
+    }
+    QVL_CUDA_OK(cudaMemcpy(st.data, scales.data(), st.nbytes(), cudaMemcpyHostToDevice));
+    weights_.push_back(std::move(wbuf));
+    weights_.push_back(std::move(sbuf));
+    merged.weight = wt;
+    merged.scale_inv = st;
+  }
+  lw.parts.push_back(merged);
+  if (!host_bias.empty()) {
+    if (host_bias.numel() != out)
+      return invalid_argument("load_linear: bias " + host_bias.describe() + " for " + std::to_string(out) +
+                              " outputs");
+    QVL_ASSIGN_OR_RETURN(lw.bias, load_tensor(host_bias.reshape({out}), DType::kBF16));
+  }
+  return lw;
+}
+
+void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
+  QVL_CHECK_EQ(w.parts.size(), 1u) << "linear: weight was not loaded by the CUDA backend";
+  const int64_t n = x.dim(0);
+  QVL_CHECK_EQ(out.dim(0), n);
+  QVL_CHECK_EQ(x.row_numel(), w.in_features);
+  QVL_CHECK_EQ(out.row_numel(), w.out_features);
+  if (n == 0) return;
+  const bool fp8 = w.is_fp8();
+  const int64_t k = w.in_features;
+  const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
+  if (skinny_ok && n <= kSkinnyMaxRows) {
+    cuda::launch_skinny_linear(ctx_, out, x, w, ep);
+    return;
+  }
+  if (skinny_ok && fp8 && n <= kSkinnyFp8MaxRows) {
+    for (int64_t r = 0; r < n; r += kSkinnyMaxRows) {
+      const int64_t e = std::min(n, r + kSkinnyMaxRows);
+      Epilogue part{ep.act, ep.residual.empty() ? Tensor() : ep.residual.rows(r, e)};
+      cuda::launch_skinny_linear(ctx_, out.rows(r, e), x.rows(r, e), w, part);
+    }
+    return;
+  }
+  gemm_linear(out, x, w, ep);
+}
+
+void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
+  QVL_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16) << x.describe() << " -> " << out.describe();
+  QVL_CHECK(x.data != out.data) << "linear: x aliases out";
+  const int64_t n = x.dim(0), k = w.in_features, m = w.out_features;
+  const bool act = ep.act != Activation::kNone;
+  const bool res = !ep.residual.empty();
+  if (res) {
+    QVL_CHECK(ep.residual.dtype == DType::kBF16 && ep.residual.same_shape(out))
+        << "residual " << ep.residual.describe() << " vs out " << out.describe();
+    QVL_CHECK(!act || ep.residual.data != out.data) << "linear: an activation with a residual that aliases out";
+  }
+  // cuBLASLt adds the bias (and, without an activation, the residual through beta = 1);
+  // activations are applied afterwards so that the linear output is rounded first, as in
+  // the reference.
+  const void* bias = w.bias.empty() ? nullptr : w.bias.data;
+  const void* gemm_res = res && !act ? ep.residual.data : nullptr;
+  const Tensor& weight = w.parts[0].weight;
+  if (!w.is_fp8()) {
+    gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, gemm_res);
+  } else {
+    const Tensor& scale = w.parts[0].scale_inv;
+    const int bs = w.block_size;
+    const int rows_per_scale = scale.dim(0) == (m + bs - 1) / bs ? bs : 1;
+    int64_t chunk = static_cast<int64_t>(dequant_ws_.size() / (static_cast<size_t>(k) * 2));
+    chunk = chunk >= bs ? chunk / bs * bs : chunk;
+    QVL_CHECK_GT(chunk, 0) << "FP8 dequant workspace of " << dequant_ws_.size() << " bytes holds no row of " << k;
+    for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+      const int64_t r1 = std::min(m, r0 + chunk);
+      cuda::launch_dequant_fp8(ctx_, dequant_ws_.data(), weight, scale, rows_per_scale, bs, r0, r1);
+      gemm_->bf16_gemm(static_cast<uint16_t*>(out.data) + r0, m, x.data, dequant_ws_.data(), r1 - r0, n, k,
+                       bias ? static_cast<const uint16_t*>(bias) + r0 : nullptr,
+                       gemm_res ? static_cast<const uint16_t*>(gemm_res) + r0 : nullptr);
+    }
+  }
+  if (act) cuda::launch_epilogue(ctx_, out, ep.act, ep.residual);
+}
+
+void CudaBackend::run_graph(const std::string& key, const std::function<void()>& record) {
+  if (capturing()) {  // nested: becomes part of the outer recording
+    record();
+    return;
+  }
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    QVL_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      record();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream_, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t graph = nullptr;
+    QVL_CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    QVL_CUDA_OK(err);
+    it = graphs_.emplace(key, exec).first;
+    log_debug("cuda: recorded graph '" + key + "'");
+  }
+  QVL_CUDA_OK(cudaGraphLaunch(it->second, stream_));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(options.device));
+  if (info.compute_capability < 80)
+    return failed_precondition("CUDA device " + std::to_string(options.device) + " (" + info.name +
+                               ") has compute capability " + std::to_string(info.compute_capability / 10) + "." +
+                               std::to_string(info.compute_capability % 10) + "; qvl needs 8.0 or newer");
+  cudaError_t err = cudaSetDevice(options.device);
+  if (err != cudaSuccess) return failed_precondition(std::string("cudaSetDevice: ") + cudaGetErrorString(err));
+  cudaFree(nullptr);  // create the context now, so the next reading includes it
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  auto backend = std::make_unique<CudaBackend>(options, info, total_b - free_b);
+  QVL_RETURN_IF_ERROR(backend->init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+CudaMemoryStats cuda_memory_stats(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  QVL_CHECK(cuda != nullptr) << "cuda_memory_stats of a " << backend.name() << " backend";
+  return cuda->memory_stats();
+}
+
+}  // namespace qvl

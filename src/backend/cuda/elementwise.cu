@@ -1,0 +1,298 @@
+// Row copies (embedding, gather, scatter), SiLU·mul, the interpolated position embedding,
+// vision RoPE, the standalone Linear epilogue and FP8 dequantisation. All are memory-bound and
+// simple: 16-byte vectors where rows allow it, scalar loops otherwise. Rounding follows the
+// reference (transformers on BF16 tensors): each PyTorch op computes in fp32 and rounds its
+// output to BF16 once, so a fused kernel rounds where the reference's op boundaries were.
+#include "backend/cuda/cuda_common.cuh"
+
+namespace qvl::cuda {
+namespace {
+
+// ---- row copies ----
+// dst row dst_idx[i] (or i) = src row src_idx[i] (or i); accumulate: dst = bf16(dst + src).
+// Rows with an index outside [0, limit) are skipped (embedding: written as zeros).
+struct RowCopy {
+  const void* src;
+  void* dst;
+  const int32_t* src_idx;
+  const int32_t* dst_idx;
+  int64_t src_rows, dst_rows;
+  int64_t row_elems;
+  int rows;
+  bool accumulate;
+  bool zero_bad_src;  // embedding: an out-of-range id yields a zero row
+};
+
+template <typename Src>
+__global__ void row_copy_kernel(const RowCopy p) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int i = blockIdx.x;
+  int64_t s = p.src_idx ? p.src_idx[i] : i;
+  int64_t d = p.dst_idx ? p.dst_idx[i] : i;
+  if (d < 0 || d >= p.dst_rows) return;
+  bf16* dst = static_cast<bf16*>(p.dst) + d * p.row_elems;
+  const bool bad = s < 0 || s >= p.src_rows;
+  if (bad && !p.zero_bad_src) return;
+  const Src* src = static_cast<const Src*>(p.src) + (bad ? 0 : s) * p.row_elems;
+  const bool vec = sizeof(Src) == 2 && (p.row_elems % 8) == 0;
+  if (vec) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int64_t v = threadIdx.x; v < p.row_elems / 8; v += blockDim.x) {
+      uint4 val = bad ? make_uint4(0, 0, 0, 0) : s4[v];
+      if (p.accumulate) {
+        float a[8], b[8];
+        unpack8(d4[v], a);
+        unpack8(val, b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] += b[e];
+        val = pack8(a);
+      }
+      d4[v] = val;
+    }
+  } else {
+    for (int64_t e = threadIdx.x; e < p.row_elems; e += blockDim.x) {
+      float v = bad ? 0.0f : static_cast<float>(src[e]);
+      if (p.accumulate) v += __bfloat162float(dst[e]);
+      dst[e] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+void run_row_copy(const LaunchContext& ctx, const RowCopy& p, DType src_dtype) {
+  if (p.rows == 0) return;
+  int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (p.row_elems / 8 + 31) / 32 * 32)));
+  if (src_dtype == DType::kBF16) {
+    launch(ctx, "row_copy", row_copy_kernel<bf16>, dim3(p.rows), dim3(threads), 0, p);
+  } else {
+    QVL_CHECK(src_dtype == DType::kF32) << "row copy from " << dtype_name(src_dtype);
+    launch(ctx, "row_copy", row_copy_kernel<float>, dim3(p.rows), dim3(threads), 0, p);
+  }
+}
+
+// ---- SiLU · mul ----
+// out[r, j] = bf16(bf16(silu(g)) * u), g = gate_up[r, j], u = gate_up[r, I + j]
+__global__ void silu_mul_kernel(bf16* out, const bf16* gate_up, int64_t rows, int64_t inter) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t per_row = inter / 8;
+  const int64_t total = rows * per_row;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = v / per_row, c = v % per_row;
+    const uint4* g4 = reinterpret_cast<const uint4*>(gate_up + r * 2 * inter);
+    const uint4* u4 = reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter);
+    float g[8], u[8], o[8];
+    unpack8(g4[c], g);
+    unpack8(u4[c], u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = bf16_round(silu(g[e])) * u[e];
+    reinterpret_cast<uint4*>(out + r * inter)[c] = pack8(o);
+  }
+}
+__global__ void silu_mul_scalar_kernel(bf16* out, const bf16* gate_up, int64_t rows, int64_t inter) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t total = rows * inter;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / inter, c = i % inter;
+    float g = __bfloat162float(gate_up[r * 2 * inter + c]);
+    float u = __bfloat162float(gate_up[r * 2 * inter + inter + c]);
+    out[i] = __float2bfloat16_rn(bf16_round(silu(g)) * u);
+  }
+}
+
+// ---- interpolated position embedding ----
+// x[r] = bf16(x[r] + bf16(Σ_k w[r,k] · table[idx[r,k]]))   (v5.17: the 4-tap sum in fp32)
+__global__ void add_interpolated_kernel(bf16* x, const bf16* table, const int32_t* idx, const float* w, int64_t dim,
+                                        int64_t table_rows) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t r = blockIdx.x;
+  int32_t id[4];
+  float wt[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    id[k] = idx[r * 4 + k];
+    wt[k] = w[r * 4 + k];
+    if (id[k] < 0 || id[k] >= table_rows) {  // never for valid grids; keep reads in bounds
+      id[k] = 0;
+      wt[k] = 0.0f;
+    }
+  }
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    float pos = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pos += wt[k] * __bfloat162float(table[id[k] * dim + c]);
+    float v = __bfloat162float(x[r * dim + c]) + bf16_round(pos);
+    x[r * dim + c] = __float2bfloat16_rn(v);
+  }
+}
+
+// ---- vision RoPE ----
+// For each row, q and k of every head: out[d] = x[d]·cos[d] − x[d+h]·sin[d],
+// out[d+h] = x[d+h]·cos[d+h] + x[d]·sin[d+h] (h = dh/2), fp32, rounded once.
+__global__ void vision_rope_kernel(bf16* qkv, const float* rope, int64_t rows, int heads, int head_dim) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int half = head_dim / 2;
+  const int64_t row_width = 3LL * heads * head_dim;
+  const int64_t per_row = 2LL * heads * half;  // (q|k) x heads x pairs
+  const int64_t total = rows * per_row;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / per_row;
+    const int64_t rem = i % per_row;
+    const int d = static_cast<int>(rem % half);
+    const int64_t head = rem / half;  // 0 .. 2*heads-1: q heads then k heads
+    bf16* base = qkv + r * row_width + head * head_dim;
+    const float* cs = rope + r * 2 * head_dim;  // cos[dh] then sin[dh]
+    const float x1 = __bfloat162float(base[d]), x2 = __bfloat162float(base[d + half]);
+    const float o1 = x1 * cs[d] - x2 * cs[head_dim + d];
+    const float o2 = x2 * cs[d + half] + x1 * cs[head_dim + d + half];
+    base[d] = __float2bfloat16_rn(o1);
+    base[d + half] = __float2bfloat16_rn(o2);
+  }
+}
+
+// ---- Linear epilogue (for the cuBLASLt path) ----
+__device__ __forceinline__ float apply_act(float v, int act) {
+  if (act == static_cast<int>(Activation::kGeluTanh)) return gelu_tanh(v);
+  if (act == static_cast<int>(Activation::kGeluErf)) return gelu_erf(v);
+  return v;
+}
+__global__ void epilogue_kernel(bf16* out, const bf16* residual, int64_t total, int act) {
+  grid_dep_wait();
+  grid_dep_launch();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = __bfloat162float(out[i]);
+    if (act != 0) v = bf16_round(apply_act(v, act));
+    if (residual) v = __bfloat162float(residual[i]) + v;
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
+
+// ---- FP8 dequantisation (transformers' dequantize=True: bf16(float(w8) * scale)) ----
+__device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
+  // Exact: place the 7 magnitude bits into a float's exponent/mantissa and rescale (handles
+  // subnormals); 0x7f/0xff (NaN) never occur in quantised weights and decode as 480.
+  uint32_t mag = static_cast<uint32_t>(b & 0x7f) << 20;
+  float f = __uint_as_float(mag) * 0x1p120f;
+  return (b & 0x80) ? -f : f;
+}
+__global__ void dequant_fp8_kernel(bf16* dst, const uint8_t* w8, const float* scale, int64_t r0, int64_t rows,
+                                   int64_t cols, int scale_cols, int rows_per_scale, int block) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = r0 + i / cols, c = i % cols;
+    const float s = scale[(r / rows_per_scale) * scale_cols + c / block];
+    dst[i] = __float2bfloat16_rn(fp8_e4m3_to_float_dev(w8[r * cols + c]) * s);
+  }
+}
+
+unsigned grid_for(int64_t work, int threads, int num_sms) {
+  int64_t blocks = (work + threads - 1) / threads;
+  int64_t cap = static_cast<int64_t>(num_sms) * 16;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
+}
+
+void check_bf16(const Tensor& t, const char* what) {
+  QVL_CHECK(t.dtype == DType::kBF16) << what << " must be bf16, is " << t.describe();
+  QVL_CHECK(t.device == Device::kCuda) << what << " is not a CUDA tensor";
+}
+
+}  // namespace
+
+void launch_embedding(const LaunchContext& ctx, Tensor out, const Tensor& table, const Tensor& ids) {
+  check_bf16(out, "embedding out");
+  QVL_CHECK(ids.dtype == DType::kI32) << ids.describe();
+  QVL_CHECK_EQ(out.dim(0), ids.numel());
+  QVL_CHECK_EQ(out.row_numel(), table.row_numel());
+  RowCopy p{table.data, out.data, ids.as<int32_t>(), nullptr, table.dim(0), out.dim(0), out.row_numel(),
+            static_cast<int>(out.dim(0)), false, true};
+  run_row_copy(ctx, p, table.dtype);
+}
+
+void launch_scatter_rows(const LaunchContext& ctx, Tensor x, const Tensor& rows, const Tensor& src, bool accumulate) {
+  check_bf16(x, "scatter_rows x");
+  QVL_CHECK(rows.dtype == DType::kI32) << rows.describe();
+  QVL_CHECK_EQ(src.dim(0), rows.numel());
+  QVL_CHECK_EQ(x.row_numel(), src.row_numel());
+  RowCopy p{src.data, x.data, nullptr, rows.as<int32_t>(), src.dim(0), x.dim(0), x.row_numel(),
+            static_cast<int>(src.dim(0)), accumulate, false};
+  run_row_copy(ctx, p, src.dtype);
+}
+
+void launch_gather_rows(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& rows) {
+  check_bf16(out, "gather_rows out");
+  QVL_CHECK(rows.dtype == DType::kI32) << rows.describe();
+  QVL_CHECK_EQ(out.dim(0), rows.numel());
+  QVL_CHECK_EQ(out.row_numel(), x.row_numel());
+  RowCopy p{x.data, out.data, rows.as<int32_t>(), nullptr, x.dim(0), out.dim(0), out.row_numel(),
+            static_cast<int>(out.dim(0)), false, false};
+  run_row_copy(ctx, p, x.dtype);
+}
+
+void launch_silu_mul(const LaunchContext& ctx, Tensor out, const Tensor& gate_up) {
+  check_bf16(out, "silu_mul out");
+  check_bf16(gate_up, "silu_mul gate_up");
+  const int64_t rows = out.dim(0), inter = out.row_numel();
+  QVL_CHECK_EQ(gate_up.dim(0), rows);
+  QVL_CHECK_EQ(gate_up.row_numel(), 2 * inter);
+  if (inter % 8 == 0) {
+    launch(ctx, "silu_mul", silu_mul_kernel, dim3(grid_for(rows * inter / 8, 256, ctx.num_sms)), dim3(256), 0,
+           out.as<bf16>(), gate_up.as<bf16>(), rows, inter);
+  } else {
+    launch(ctx, "silu_mul", silu_mul_scalar_kernel, dim3(grid_for(rows * inter, 256, ctx.num_sms)), dim3(256), 0,
+           out.as<bf16>(), gate_up.as<bf16>(), rows, inter);
+  }
+}
+
+void launch_add_interpolated(const LaunchContext& ctx, Tensor x, const Tensor& table, const Tensor& idx,
+                             const Tensor& w) {
+  check_bf16(x, "add_interpolated x");
+  check_bf16(table, "add_interpolated table");
+  QVL_CHECK(idx.dtype == DType::kI32) << idx.describe();
+  QVL_CHECK(w.dtype == DType::kF32) << w.describe();
+  QVL_CHECK_EQ(idx.numel(), x.dim(0) * 4);
+  QVL_CHECK_EQ(w.numel(), x.dim(0) * 4);
+  QVL_CHECK_EQ(table.row_numel(), x.row_numel());
+  launch(ctx, "add_interpolated", add_interpolated_kernel, dim3(static_cast<unsigned>(x.dim(0))), dim3(256), 0,
+         x.as<bf16>(), table.as<bf16>(), idx.as<int32_t>(), w.as<float>(), x.row_numel(), table.dim(0));
+}
+
+void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope, int num_heads, int head_dim) {
+  check_bf16(qkv, "vision_rope qkv");
+  QVL_CHECK(rope.dtype == DType::kF32) << rope.describe();
+  QVL_CHECK_EQ(head_dim % 2, 0);
+  QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
+  QVL_CHECK_EQ(rope.numel(), qkv.dim(0) * 2 * head_dim);
+  const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 2);
+  launch(ctx, "vision_rope", vision_rope_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
+         qkv.as<bf16>(), rope.as<float>(), qkv.dim(0), num_heads, head_dim);
+}
+
+void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const Tensor& residual) {
+  check_bf16(out, "epilogue out");
+  if (!residual.empty()) {
+    check_bf16(residual, "epilogue residual");
+    QVL_CHECK(residual.same_shape(out)) << residual.describe() << " vs " << out.describe();
+  }
+  if (act == Activation::kNone && residual.empty()) return;
+  launch(ctx, "epilogue", epilogue_kernel, dim3(grid_for(out.numel(), 256, ctx.num_sms)), dim3(256), 0,
+         out.as<bf16>(), residual.empty() ? nullptr : residual.as<bf16>(), out.numel(), static_cast<int>(act));
+}
+
+void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& w8, const Tensor& scale,
+                        int rows_per_scale, int block, int64_t r0, int64_t r1) {
+  QVL_CHECK(w8.dtype == DType::kF8E4M3) << w8.describe();
+  QVL_CHECK(scale.dtype == DType::kF32) << scale.describe();
+  QVL_CHECK(r0 >= 0 && r0 <= r1 && r1 <= w8.dim(0)) << r0 << ".." << r1 << " of " << w8.describe();
+  const int64_t cols = w8.dim(1);
+  launch(ctx, "dequant_fp8", dequant_fp8_kernel, dim3(grid_for((r1 - r0) * cols, 256, ctx.num_sms)), dim3(256), 0,
+         static_cast<bf16*>(dst_bf16), w8.as<uint8_t>(), scale.as<float>(), r0, r1 - r0, cols,
+         static_cast<int>(scale.dim(1)), rows_per_scale, block);
+}
+
+}  // namespace qvl::cuda

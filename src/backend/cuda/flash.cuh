@@ -1,0 +1,273 @@
+// Flash attention core (FA2 scheme on mma.sync m16n8k16, BF16 in, fp32 accumulate), shared by
+// the vision encoder (packed qkv, per-segment, non-causal) and text prefill (K/V from the paged
+// cache, causal). Included only by attention_*.cu.
+//
+// A block owns BM = 16·WARPS query rows of one head; warp w owns rows [16w, 16w+16). Key
+// tiles of 64 rows stream through a two-stage cp.async ring in shared memory; S = Q·Kᵀ stays
+// in registers, the softmax is online (running max m and sum l per row, in the log2 domain),
+// P is rounded to BF16 and multiplied by V from the same registers (the S accumulator layout
+// of two n-tiles is the A-fragment layout of one k-step). Nothing is N²: memory per block is
+// fixed. Head dims that are not a multiple of 16 (72) are zero-padded to HDP in shared memory
+// for Q·Kᵀ; the output uses exactly HD/8 n-tiles.
+//
+// The policy P says where rows live and which keys a query row may see:
+//   bool locate(const Params&, Tile&)            -> this block's tile (false: nothing to do)
+//   const bf16* q_row(const Params&, const Tile&, int i)  i < tile.qn
+//   const bf16* k_row(...,int j), v_row(..., int j)        j < tile.kn
+//   bf16* o_row(..., int i)
+// and Tile carries qn (valid query rows), kn (keys to scan, from 0) and causal_offset (row i
+// sees keys j <= i + causal_offset).
+#pragma once
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace qvl::cuda::flash {
+
+struct Tile {
+  int qn = 0;
+  int kn = 0;
+  int causal_offset = 1 << 30;
+  int head = 0;
+  int64_t a = 0, b = 0, c = 0;  // policy data (first row, sequence, ...)
+};
+
+template <int HD>
+struct Dims {
+  static_assert(HD % 8 == 0, "head_dim must be a multiple of 8");
+  static constexpr int HDP = (HD + 15) / 16 * 16;  // Q·Kᵀ contraction, zero-padded
+  static constexpr int SK = ((HDP + 8) / 8 % 2 == 1) ? HDP + 8 : HDP + 16;  // odd count of 16 B
+  static constexpr int CPR = HD / 8;  // 16-byte chunks per row that hold data
+  static constexpr int BN = 64;
+  static constexpr int KS = HDP / 16;  // k-steps of Q·Kᵀ
+  static constexpr int NO = HD / 8;    // output n-tiles
+};
+
+template <int HD, int WARPS>
+constexpr size_t smem_bytes() {
+  using D = Dims<HD>;
+  return static_cast<size_t>(16 * WARPS + 4 * D::BN) * D::SK * sizeof(bf16);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  bf162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies rows [0, 64) (or BM) of a tile into shared memory; rows >= valid are zero-filled.
+template <int HD, int ROWS, int THREADS, class RowFn>
+__device__ __forceinline__ void load_rows(bf16* dst, int valid, RowFn row) {
+  using D = Dims<HD>;
+  for (int c = threadIdx.x; c < ROWS * D::CPR; c += THREADS) {
+    const int r = c / D::CPR, col = c % D::CPR;
+    const bool ok = r < valid;
+    const bf16* src = row(ok ? r : 0) + col * 8;
+    cp_async16(dst + r * D::SK + col * 8, src, ok);
+  }
+}
+
+template <int HD, int WARPS, class P>
+__global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Params prm, float scale_log2) {
+  using D = Dims<HD>;
+  constexpr int BM = 16 * WARPS, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
+  extern __shared__ uint4 smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK]
+  bf16* sk = sq + BM * SK;                        // [2][BN][SK]
+  bf16* sv = sk + 2 * BN * SK;                    // [2][BN][SK]
+
+  grid_dep_wait();
+  grid_dep_launch();
+  Tile tile;
+  if (!P::locate(prm, tile)) return;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  // Columns [HD, HDP) of Q and K take part in Q·Kᵀ: zero them once (cp.async never writes them).
+  if (D::HDP > HD) {
+    for (int r = threadIdx.x; r < BM + 2 * BN; r += THREADS) {
+      bf16* row = r < BM ? sq + r * SK : sk + (r - BM) * SK;
+      for (int c = HD; c < D::HDP; ++c) row[c] = __float2bfloat16_rn(0.0f);
+    }
+  }
+
+  const int ntiles = (tile.kn + BN - 1) / BN;
+  auto load_kv = [&](int kt, int stage) {
+    const int base = kt * BN;
+    const int valid = min(BN, tile.kn - base);
+    load_rows<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
+    load_rows<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
+  };
+  load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
+  if (ntiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float o[D::NO][4];
+#pragma unroll
+  for (int n = 0; n < D::NO; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qf[D::KS][4];
+  const int row_lo = warp * 16 + g;  // tile rows of this thread: row_lo and row_lo + 8
+
+  for (int kt = 0; kt < ntiles; ++kt) {
+    if (kt + 1 < ntiles) load_kv(kt + 1, (kt + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int ks = 0; ks < D::KS; ++ks)
+        ldmatrix_x4(qf[ks], sq + (warp * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
+    }
+    const bf16* kb = sk + (kt & 1) * BN * SK;
+    const bf16* vb = sv + (kt & 1) * BN * SK;
+
+    // S = Q·Kᵀ for 64 keys: 8 n-tiles of 8 keys.
+    float s[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D::KS; ++ks) {
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        // matrices: (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15)
+        const int mi = lane >> 3;
+        ldmatrix_x4(b, kb + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * SK + ks * 16 + (mi & 1) * 8);
+        mma(s[2 * np], qf[ks], b[0], b[1]);
+        mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+      }
+    }
+
+    // Scale into the log2 domain, mask, and update the running max and sum.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * BN + n * 8 + 2 * t + (e & 1);
+        const int row = row_lo + (e >> 1) * 8;
+        const bool visible = key < tile.kn && key <= row + tile.causal_offset;
+        s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      // A row that has seen no visible key yet keeps m = -inf; use 0 as its base (all p = 0).
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - base);
+      m[r] = m_new;
+      mx[r] = base;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < D::NO; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    uint32_t pf[4][4];  // P as A fragments: k-step kk = n-tiles 2kk, 2kk+1
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = exp2f(s[n][e] - mx[e >> 1]);
+        l[e >> 1] += p[e];
+      }
+      pf[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p[0], p[1]);
+      pf[n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
+    }
+
+    // O += P·V: k-steps over 16 keys, n-tiles over 8 output dims.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int mi = lane >> 3;
+#pragma unroll
+      for (int n = 0; n + 1 < D::NO; n += 2) {
+        uint32_t b[4];
+        // matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
+        ldmatrix_x4_trans(b, vb + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * SK + n * 8 + (mi >> 1) * 8);
+        mma(o[n], pf[kk], b[0], b[1]);
+        mma(o[n + 1], pf[kk], b[2], b[3]);
+      }
+      if (D::NO % 2 == 1) {
+        constexpr int n = D::NO - 1;
+        uint32_t b[2];
+        ldmatrix_x2_trans(b, vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SK + n * 8);
+        mma(o[n], pf[kk], b[0], b[1]);
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+  cp_async_wait<0>();
+
+  // Finish the row sums across the 4 lanes of a row, normalise, store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_lo + r * 8;
+    if (row >= tile.qn) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    bf16* out = P::o_row(prm, tile, row);
+#pragma unroll
+    for (int n = 0; n < D::NO; ++n) {
+      *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) =
+          __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+  }
+}
+
+}  // namespace qvl::cuda::flash
