@@ -45,10 +45,11 @@ __device__ __forceinline__ bf16* cache_row(const CacheGeometry& c, int32_t page,
 }
 
 // ---------------------------------------------------------------- q/k norm + M-RoPE + store
+template <typename W>
 struct PrepareParams {
   bf16* qkv;
-  const bf16* q_norm;
-  const bf16* k_norm;
+  const W* q_norm;  // BF16 or F32 (the model loads norm weights as F32)
+  const W* k_norm;
   const int32_t* positions;  // [n, 3]
   const int32_t* slots;      // [n]
   CacheGeometry cache;
@@ -58,7 +59,9 @@ struct PrepareParams {
 
 constexpr int kPrepareWarps = 8;
 
-__global__ void __launch_bounds__(kPrepareWarps * 32) qkv_prepare_kernel(const PrepareParams p, const __grid_constant__ MropeParams rope) {
+template <typename W>
+__global__ void __launch_bounds__(kPrepareWarps * 32)
+    qkv_prepare_kernel(const PrepareParams<W> p, const __grid_constant__ MropeParams rope) {
   __shared__ float cos_s[128], sin_s[128];
   __shared__ float buf[kPrepareWarps][256];
   grid_dep_wait();
@@ -89,7 +92,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32) qkv_prepare_kernel(const P
       continue;
     }
     const bool is_q = hh < p.hq;
-    const bf16* w = is_q ? p.q_norm : p.k_norm;
+    const W* w = is_q ? p.q_norm : p.k_norm;
     float ss = 0.0f;
     for (int d = lane; d < p.hd; d += 32) {
       const float x = __bfloat162float(src[d]);
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32) qkv_prepare_kernel(const P
       ss += x * x;
     }
     const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(p.hd) + p.eps);
-    for (int d = lane; d < p.hd; d += 32) b[d] = bf16_round(__bfloat162float(w[d]) * bf16_round(b[d] * rstd));
+    for (int d = lane; d < p.hd; d += 32) b[d] = bf16_round(static_cast<float>(w[d]) * bf16_round(b[d] * rstd));
     __syncwarp();
     bf16* dst = is_q ? src : (slot >= 0 ? cache_row(p.cache, page, off, hh - p.hq, p.hd, false) : nullptr);
     float out[8];  // head_dim <= 256: dims lane + 32 i
@@ -447,7 +450,7 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
                              float eps, const MropeParams& rope, const TextBatch& batch, const KvCacheView& cache,
                              int layer, const TextAttentionShape& shape) {
   QVL_CHECK(qkv.dtype == DType::kBF16) << qkv.describe();
-  QVL_CHECK(q_norm.dtype == DType::kBF16 && k_norm.dtype == DType::kBF16)
+  QVL_CHECK(q_norm.dtype == k_norm.dtype && (q_norm.dtype == DType::kBF16 || q_norm.dtype == DType::kF32))
       << "q_norm " << q_norm.describe() << ", k_norm " << k_norm.describe();
   QVL_CHECK_EQ(q_norm.numel(), shape.head_dim);
   QVL_CHECK_EQ(k_norm.numel(), shape.head_dim);
@@ -461,10 +464,16 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
       << "slots " << batch.slots.describe();
   QVL_CHECK_EQ(cache.num_kv_heads, shape.num_kv_heads);
   QVL_CHECK_EQ(cache.head_dim, shape.head_dim);
-  PrepareParams p{qkv.as<bf16>(), q_norm.as<bf16>(), k_norm.as<bf16>(), batch.positions.as<int32_t>(),
-                  batch.slots.as<int32_t>(), geometry(cache, layer), eps,
-                  shape.num_q_heads, shape.num_kv_heads, shape.head_dim};
-  launch(ctx, "text_qkv_prepare", qkv_prepare_kernel, dim3(batch.num_tokens), dim3(kPrepareWarps * 32), 0, p, rope);
+  auto go = [&](auto tag) {
+    using W = decltype(tag);
+    PrepareParams<W> p{qkv.as<bf16>(), q_norm.as<W>(), k_norm.as<W>(), batch.positions.as<int32_t>(),
+                       batch.slots.as<int32_t>(), geometry(cache, layer), eps,
+                       shape.num_q_heads, shape.num_kv_heads, shape.head_dim};
+    launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens), dim3(kPrepareWarps * 32), 0, p,
+           rope);
+  };
+  if (q_norm.dtype == DType::kBF16) go(bf16{});
+  else go(float{});
 }
 
 void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
