@@ -20,6 +20,30 @@ inline constexpr double kFp8DequantStageRel = 1e-4;
 inline constexpr double kCpuOpAbs = 1e-5;
 inline constexpr double kCpuOpRel = 1e-5;
 
+// CUDA backend ops (BF16 activations, fp32 accumulation) vs the CPU backend (fp32) on the
+// same BF16-representable inputs (tests/gpu). Two numbers per op: the relative L2 error over
+// the whole output, and the largest absolute error as a fraction of max|reference| (catches a
+// single wrong row or head that the L2 norm would average away). One BF16 rounding is a
+// relative error <= 2^-9 = 0.00195 per element (RMS ~ 2^-9/sqrt(3) = 1.1e-3).
+struct GpuTol {
+  double rel_l2;
+  double max_abs_rel;
+};
+// Row copies (embedding, gather, scatter): bit-exact.
+inline constexpr GpuTol kGpuCopy{0.0, 0.0};
+// One or two BF16 roundings per element (the reference's op boundaries: norms, SiLU·mul,
+// RoPE, interpolated position embedding, scatter-accumulate): <= 2 ulps of the largest value.
+inline constexpr GpuTol kGpuElementwise{3e-3, 8e-3};
+// Linear: fp32 accumulation in another order, BF16 output rounding, plus epilogue roundings
+// (bias, GELU, residual) and, on the FP8 many-row path, weights rounded to BF16 after
+// dequantisation (transformers' dequantize=True) where the CPU keeps float(w8)*scale exact.
+inline constexpr GpuTol kGpuLinear{4e-3, 1.5e-2};
+// Attention: P rounded to BF16 before P·V (as FlashAttention and SDPA do), output rounding.
+inline constexpr GpuTol kGpuAttention{5e-3, 2e-2};
+// q/k-norm + M-RoPE: two norm roundings, cos/sin rounded to BF16 (the reference's table),
+// three rounded RoPE ops (x·cos, rot·sin, their sum).
+inline constexpr GpuTol kGpuRope{6e-3, 2.5e-2};
+
 // Image pipeline: pixel_values after normalisation, one uint8 level.
 inline constexpr double kPixelAbs = 1.0 / 127.5 + 1e-6;
 

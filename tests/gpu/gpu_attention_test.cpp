@@ -1,0 +1,206 @@
+// CUDA vs CPU attention: vision (segments of odd lengths, one empty, head dims 64/72 and a
+// generic one), text q/k-norm + M-RoPE + KV store, causal prefill over a paged cache with
+// random page tables, and split-K decode (one long sequence: many splits; a few: some; many
+// sequences: unsplit), GQA groups 2 and 4.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "gpu/gpu_util.h"
+
+namespace qvl::test::gpu {
+namespace {
+
+TEST(GpuOps, VisionAttention) {
+  QVL_REQUIRE_CUDA();
+  struct Case {
+    std::vector<int32_t> cu;
+    int nh, dh;
+  };
+  for (const Case& c : {Case{{0, 1}, 2, 64}, Case{{0, 5, 200, 200, 333}, 2, 64}, Case{{0, 1030}, 16, 64},
+                        Case{{0, 77, 301}, 3, 72}, Case{{0, 129, 600}, 16, 72}, Case{{0, 40, 97}, 2, 40}}) {
+    Scratch s;
+    const int64_t N = c.cu.back(), width = 3LL * c.nh * c.dh;
+    Pair qkv = activation(s, {N, width}, random_values(N * width));
+    Pair out = activation(s, {N, int64_t{c.nh} * c.dh}, std::vector<float>(static_cast<size_t>(N * c.nh * c.dh), 5.0f));
+    Pair cu = ints(s, {static_cast<int64_t>(c.cu.size())}, c.cu);
+    int max_len = 0;
+    for (size_t i = 0; i + 1 < c.cu.size(); ++i) max_len = std::max(max_len, c.cu[i + 1] - c.cu[i]);
+    VisionSegments sc{cu.c, c.cu, max_len}, sg{cu.g, c.cu, max_len};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
+    cpu().vision_attention(out.c, qkv.c, sc, c.nh, c.dh, scale);
+    cuda()->vision_attention(out.g, qkv.g, sg, c.nh, c.dh, scale);
+    std::string segs;
+    for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
+    EXPECT_TRUE(compare_pair("vision_attention", "segs " + segs + " nh" + std::to_string(c.nh) + " dh" +
+                                                     std::to_string(c.dh),
+                             out, tol::kGpuAttention));
+  }
+}
+
+// A paged cache with the same random BF16 contents on both backends, and a batch of
+// sequences (q_len new rows each, ctx tokens in the cache after this step) with random page
+// tables drawn from one shuffled pool of pages.
+struct TextSetup {
+  Scratch s;
+  Pair cache_mem;
+  KvCacheView cc, cg;
+  TextBatch bc, bg;
+  std::vector<int32_t> qs, ctx, table, slots;
+  int num_tokens = 0;
+};
+
+MropeSpec make_mrope(int hd) {
+  MropeSpec m;
+  const int half = hd / 2;
+  for (int j = 0; j < half; ++j) {
+    m.inv_freq.push_back(static_cast<float>(1.0 / std::pow(5000000.0, 2.0 * j / hd)));
+    m.axis.push_back(static_cast<uint8_t>(j < half / 3 * 3 ? j % 3 : 0));
+  }
+  return m;
+}
+
+void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int hkv, int hd, int layers) {
+  const int page = 16;
+  int max_pages = 1, total_pages = 0;
+  for (auto [q, c] : seqs) {
+    max_pages = std::max(max_pages, (c + page - 1) / page);
+    total_pages += (c + page - 1) / page;
+  }
+  const int num_pages = total_pages + 3;  // a few pages nobody uses
+  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng());
+  const int B = static_cast<int>(seqs.size());
+  t.table.assign(static_cast<size_t>(B) * max_pages, 0);
+  t.qs = {0};
+  size_t next = 0;
+  for (int b = 0; b < B; ++b) {
+    auto [q, c] = seqs[b];
+    for (int p = 0; p < (c + page - 1) / page; ++p) t.table[b * max_pages + p] = pool[next++];
+    t.qs.push_back(t.qs.back() + q);
+    t.ctx.push_back(c);
+    for (int i = c - q; i < c; ++i) t.slots.push_back(t.table[b * max_pages + i / page] * page + i % page);
+  }
+  t.num_tokens = t.qs.back();
+  KvCacheView v{nullptr, DType::kBF16, num_pages, page, layers, hkv, hd};
+  const int64_t bytes = static_cast<int64_t>(v.page_bytes()) * num_pages;
+  std::vector<uint16_t> fill = to_bf16_bits(random_values(bytes / 2));
+  t.cache_mem = same_bytes(t.s, DType::kU8, {bytes}, fill.data());
+  t.cc = t.cg = v;
+  t.cc.base = t.cache_mem.c.data;
+  t.cg.base = t.cache_mem.g.data;
+  std::vector<int32_t> pos(static_cast<size_t>(t.num_tokens) * 3);
+  std::uniform_int_distribution<int32_t> pd(0, 5000);
+  for (auto& p : pos) p = pd(rng());
+  const int n = t.num_tokens;
+  Pair qs = ints(t.s, {B + 1}, t.qs), cl = ints(t.s, {B}, t.ctx), pt = ints(t.s, {B, max_pages}, t.table);
+  Pair sl = ints(t.s, {n}, t.slots), ps = ints(t.s, {n, 3}, pos);
+  int max_ctx = *std::max_element(t.ctx.begin(), t.ctx.end());
+  t.bc = TextBatch{B, n, max_pages, max_ctx, qs.c, cl.c, pt.c, sl.c, ps.c};
+  t.bg = TextBatch{B, n, max_pages, max_ctx, qs.g, cl.g, pt.g, sl.g, ps.g};
+}
+
+std::vector<float> cache_values(Backend& be, const Tensor& mem) {
+  std::vector<uint16_t> bits(static_cast<size_t>(mem.numel() / 2));
+  be.copy_to_host(bits.data(), mem);
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16_to_float(bits[i]);
+  return v;
+}
+
+TEST(GpuOps, TextQkvPrepare) {
+  QVL_REQUIRE_CUDA();
+  struct Case {
+    std::vector<std::pair<int, int>> seqs;
+    int hq, hkv, hd;
+  };
+  for (const Case& c : {Case{{{1, 1}}, 16, 8, 128}, Case{{{9, 30}, {1, 17}}, 32, 8, 128},
+                        Case{{{5, 5}}, 4, 2, 64}, Case{{{3, 20}}, 2, 1, 40}}) {
+    TextSetup t;
+    setup_text(t, c.seqs, c.hkv, c.hd, 2);
+    const int n = t.num_tokens, layer = 1;
+    const int64_t width = int64_t{c.hq + 2 * c.hkv} * c.hd;
+    Pair qkv = activation(t.s, {n, width}, random_values(n * width, 2.0f));
+    std::vector<float> qn = random_values(c.hd, 0.2f), kn = random_values(c.hd, 0.2f);
+    for (auto& v : qn) v += 1.0f;
+    for (auto& v : kn) v += 1.0f;
+    Pair qnorm = same_bytes(t.s, DType::kF32, {c.hd}, qn.data()), knorm = same_bytes(t.s, DType::kF32, {c.hd}, kn.data());
+    const MropeSpec rope = make_mrope(c.hd);
+    const TextAttentionShape shape{c.hq, c.hkv, c.hd};
+    cpu().text_qkv_prepare(qkv.c, qnorm.c, knorm.c, 1e-6f, rope, t.bc, t.cc, layer, shape);
+    cuda()->text_qkv_prepare(qkv.g, qnorm.g, knorm.g, 1e-6f, rope, t.bg, t.cg, layer, shape);
+    // q columns of qkv (rotated in place)
+    std::vector<float> a = download(*cuda(), qkv.g), e = download(cpu(), qkv.c), qa, qe;
+    for (int i = 0; i < n; ++i) {
+      qa.insert(qa.end(), a.begin() + i * width, a.begin() + i * width + int64_t{c.hq} * c.hd);
+      qe.insert(qe.end(), e.begin() + i * width, e.begin() + i * width + int64_t{c.hq} * c.hd);
+    }
+    const std::string shp = "n" + std::to_string(n) + " " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
+                            " heads dh" + std::to_string(c.hd);
+    EXPECT_TRUE(compare("text_qkv_prepare q", shp, qa, qe, tol::kGpuRope));
+    // K and V rows written at the slots (layer 1); the rest of the cache must be untouched.
+    std::vector<float> ca = cache_values(*cuda(), t.cache_mem.g), ce = cache_values(cpu(), t.cache_mem.c);
+    std::vector<float> ka, ke, va, ve;
+    const int64_t tok = int64_t{c.hkv} * c.hd;
+    for (int32_t slot : t.slots) {
+      const int64_t page = slot / t.cc.page_size, off = slot % t.cc.page_size;
+      const int64_t k0 = (page * t.cc.page_bytes() + layer * t.cc.layer_bytes()) / 2 + off * tok;
+      const int64_t v0 = k0 + int64_t{t.cc.page_size} * tok;
+      ka.insert(ka.end(), ca.begin() + k0, ca.begin() + k0 + tok);
+      ke.insert(ke.end(), ce.begin() + k0, ce.begin() + k0 + tok);
+      va.insert(va.end(), ca.begin() + v0, ca.begin() + v0 + tok);
+      ve.insert(ve.end(), ce.begin() + v0, ce.begin() + v0 + tok);
+    }
+    EXPECT_TRUE(compare("text_qkv_prepare k -> cache", shp, ka, ke, tol::kGpuRope));
+    EXPECT_TRUE(compare("text_qkv_prepare v -> cache", shp, va, ve, tol::kGpuCopy));
+    EXPECT_TRUE(compare("kv cache (all bytes)", shp, ca, ce, tol::kGpuRope));
+  }
+}
+
+void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd) {
+  TextSetup t;
+  setup_text(t, seqs, hkv, hd, 2);
+  const int n = t.num_tokens, layer = 1;
+  const int64_t width = int64_t{hq + 2 * hkv} * hd;
+  Pair qkv = activation(t.s, {n, width}, random_values(n * width));
+  Pair out = activation(t.s, {n, int64_t{hq} * hd}, std::vector<float>(static_cast<size_t>(n * hq * hd), 9.0f));
+  const TextAttentionShape shape{hq, hkv, hd};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  cpu().text_attention(out.c, qkv.c, t.bc, t.cc, layer, shape, scale);
+  cuda()->text_attention(out.g, qkv.g, t.bg, t.cg, layer, shape, scale);
+  std::string desc = std::to_string(seqs.size()) + " seqs (";
+  for (size_t i = 0; i < std::min<size_t>(seqs.size(), 4); ++i)
+    desc += (i ? "," : "") + std::to_string(seqs[i].first) + "/" + std::to_string(seqs[i].second);
+  desc += seqs.size() > 4 ? ",..)" : ")";
+  desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
+  EXPECT_TRUE(compare_pair(op, desc, out, tol::kGpuAttention));
+}
+
+TEST(GpuOps, TextPrefillAttention) {
+  QVL_REQUIRE_CUDA();
+  const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 40}, {70, 70}, {5, 300}, {130, 1000}};
+  run_text_attention("text_attention prefill", mixed, 16, 8, 128);
+  run_text_attention("text_attention prefill", {{64, 64}}, 32, 8, 128);
+  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64);
+  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40);  // generic kernel
+}
+
+TEST(GpuOps, TextDecodeAttention) {
+  QVL_REQUIRE_CUDA();
+  run_text_attention("text_attention decode", {{1, 1}}, 16, 8, 128);
+  run_text_attention("text_attention decode", {{1, 5000}}, 16, 8, 128);  // 32 splits
+  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128);
+  std::vector<std::pair<int, int>> many;
+  std::uniform_int_distribution<int> d(1, 600);
+  for (int i = 0; i < 40; ++i) many.push_back({1, d(rng())});
+  run_text_attention("text_attention decode", many, 16, 8, 128);  // 3 splits
+  std::vector<std::pair<int, int>> lots;
+  for (int i = 0; i < 200; ++i) lots.push_back({1, 1 + i % 37});
+  run_text_attention("text_attention decode", lots, 16, 8, 128);  // unsplit
+  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64);
+  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40);  // generic kernel
+}
+
+}  // namespace
+}  // namespace qvl::test::gpu
