@@ -206,9 +206,11 @@ std::optional<ApiError> parse_messages(const json& root, ChatRequest* req) {
     auto content = jm.find("content");
     const std::string cparam = param + ".content";
     if (content == jm.end() || content->is_null()) {
-      // OpenAI allows a null content only for assistant messages (that carry tool calls).
-      if (msg.role != Role::kAssistant) return bad_request(cparam + " is required", cparam);
+      // OpenAI allows a null content only for assistant messages that carry tool calls, which
+      // this server does not take.
+      return bad_request(cparam + " is required", cparam);
     } else if (content->is_string()) {
+      msg.string_content = true;
       msg.parts.push_back({ChatPart::Kind::kText, content->get<std::string>(), -1});
     } else if (content->is_array()) {
       for (size_t p = 0; p < content->size(); ++p)

@@ -34,6 +34,7 @@ struct ChatPart {
 struct ChatMessage {
   Role role = Role::kUser;
   std::vector<ChatPart> parts;  // a string content becomes one text part
+  bool string_content = false;  // content was a JSON string (the chat template may tell them apart)
 };
 
 // An image reference as sent (data: URI, file:// URL or http(s) URL), with the JSON path it came

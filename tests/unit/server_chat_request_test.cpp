@@ -32,6 +32,8 @@ TEST(ChatRequest, ParsesStringAndArrayContentInOrder) {
   EXPECT_EQ(c.messages[0].role, Role::kSystem);
   ASSERT_EQ(c.messages[0].parts.size(), 1u);
   EXPECT_EQ(c.messages[0].parts[0].text, "be brief");
+  EXPECT_TRUE(c.messages[0].string_content);
+  EXPECT_FALSE(c.messages[1].string_content);
   const auto& parts = c.messages[1].parts;
   ASSERT_EQ(parts.size(), 4u);
   EXPECT_EQ(parts[0].kind, ChatPart::Kind::kText);
@@ -119,6 +121,8 @@ TEST(ChatRequest, RejectsBadInputWithParamAndMessage) {
       {R"({"messages":[{"role":"tool","content":"x"}]})", "messages[0].role",
        "messages[0].role 'tool' is not supported (this server has no tool calling)"},
       {R"({"messages":[{"role":"user"}]})", "messages[0].content", "messages[0].content is required"},
+      {R"({"messages":[{"role":"assistant","content":null}]})", "messages[0].content",
+       "messages[0].content is required"},
       {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content",
        "messages[0].content must be a string or an array of content parts, got integer"},
       {R"({"messages":[{"role":"user","content":[{"type":"audio","x":1}]}]})", "messages[0].content[0].type",
