@@ -390,7 +390,13 @@ void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res)
 
   // 3. Chat template, tokenization and image preprocessing.
   Result<BuiltPrompt> built = model->prompt_builder->build(chat.messages, images);
-  if (!built.is_ok()) return send_error(res, api_error_from_status(built.status(), "messages"));
+  if (!built.is_ok()) {
+    // Image errors start with the part's JSON path (PromptBuilder's contract): point param at it.
+    std::string param = "messages";
+    for (const ImageRef& ref : chat.images)
+      if (built.status().message().rfind(ref.param + ":", 0) == 0) param = ref.param;
+    return send_error(res, api_error_from_status(built.status(), param));
+  }
   BuiltPrompt prompt = std::move(built).value();
   images.clear();  // the encoded bytes are no longer needed while generating
 

@@ -242,6 +242,7 @@ TEST(ApiServer, ClientErrorsAre4xxWithMessages) {
       R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,Zm9v"}}]}]})");
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(error_of(r)["message"], "messages[0].content[0].image_url: not an image (fake decoder)");
+  EXPECT_EQ(error_of(r)["param"], "messages[0].content[0].image_url");
   r = h.post(
       R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@"}}]}]})");
   EXPECT_EQ(r->status, 400);
