@@ -62,15 +62,15 @@ std::vector<std::string> split_commas(const std::string& s) {
 // Everything that can be checked before binding a port or reading a weight.
 Status finish_options(ServeArgs& a) {
   server::ServerOptions& s = a.server;
-  if (s.port < 0 || s.port > 65535) return invalid_argument("--port " + std::to_string(s.port) + " must be in [0, 65535]");
+  if (s.port < 0 || s.port > 65535)
+    return invalid_argument("--port " + std::to_string(s.port) + " must be in [0, 65535]");
   if (s.api_key.empty()) s.api_key = env_or("QVL_API_KEY", "");
   if (s.served_model_name.empty()) s.served_model_name = a.model.name;
   if (s.max_concurrency < 1)
     return invalid_argument("--max-concurrency " + std::to_string(s.max_concurrency) + " must be >= 1");
   if (a.max_running < 1) return invalid_argument("--max-running " + std::to_string(a.max_running) + " must be >= 1");
   if (a.concurrency < 1) return invalid_argument("--concurrency " + std::to_string(a.concurrency) + " must be >= 1");
-  if (s.request_limits.max_images_per_request < 0)
-    return invalid_argument("--max-images-per-request must be >= 0");
+  if (s.request_limits.max_images_per_request < 0) return invalid_argument("--max-images-per-request must be >= 0");
   if (a.max_image_input_pixels < 1) return invalid_argument("--max-image-input-pixels must be >= 1");
   if (s.default_max_tokens < 1) return invalid_argument("--default-max-tokens must be >= 1");
   auto body = parse_byte_size(a.max_body);
@@ -142,8 +142,7 @@ class Loader {
     ChatTemplateOptions tmpl;
     tmpl.merge_size = m.image_options.merge_size;
     server::ModelSession session;
-    session.prompt_builder =
-        std::make_shared<server::ModelPromptBuilder>(m.tokenizer, limits, m.image_options, tmpl);
+    session.prompt_builder = std::make_shared<server::ModelPromptBuilder>(m.tokenizer, limits, m.image_options, tmpl);
     session.engine = m.engine;
     session.context_length = static_cast<int>(m.context_length);
     const GenerationDefaults& g = m.config.generation;
@@ -199,8 +198,8 @@ int run_serve(ServeArgs& args) {
     return 1;
   }
   api.start();
-  log_info("qvl serve: listening on http://" + args.server.host + ":" + std::to_string(api.port()) +
-           " (loading " + args.model.name + "; /health answers 503 until it is ready)");
+  log_info("qvl serve: listening on http://" + args.server.host + ":" + std::to_string(api.port()) + " (loading " +
+           args.model.name + "; /health answers 503 until it is ready)");
 
   Loader loader(args, &api);
   int sig = wait_for_signal(set, [&] { return loader.failed(); });
@@ -211,9 +210,9 @@ int run_serve(ServeArgs& args) {
   }
 
   const auto deadline = std::chrono::milliseconds(static_cast<int64_t>(args.shutdown_timeout_s * 1000));
-  log_info(std::string("qvl serve: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-           ": shutting down; no new requests, " + std::to_string(api.in_flight()) +
-           " in flight get up to " + std::to_string(deadline.count() / 1000) + " s (signal again to exit now)");
+  log_info(std::string("qvl serve: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": shutting down; no new requests, " +
+           std::to_string(api.in_flight()) + " in flight get up to " + std::to_string(deadline.count() / 1000) +
+           " s (signal again to exit now)");
   api.drain();
   if (!loader.done()) {
     // Loading cannot be interrupted midway; nothing is being served, so leave at once.

@@ -12,8 +12,19 @@ ModelPromptBuilder::ModelPromptBuilder(std::shared_ptr<const Tokenizer> tokenize
       decode_limits_(decode_limits),
       preprocess_(preprocess),
       template_options_(std::move(template_options)),
-      flags_(std::move(flags)) {
+      flags_(std::move(flags)),
+      image_lane_(std::make_unique<WorkLane>()) {
   QVL_CHECK(tokenizer_) << "ModelPromptBuilder needs a tokenizer";
+}
+
+Result<std::vector<PreparedImage>> ModelPromptBuilder::prepare_all(const std::vector<ImageBytes>& images) const {
+  std::vector<PreparedImage> out;
+  out.reserve(images.size());
+  for (const ImageBytes& img : images) {
+    QVL_ASSIGN_OR_RETURN(PreparedImage prepared, prepare_one(img));
+    out.push_back(std::move(prepared));
+  }
+  return out;
 }
 
 Result<PreparedImage> ModelPromptBuilder::prepare_one(const ImageBytes& image) const {
@@ -40,10 +51,8 @@ Result<PreparedImage> ModelPromptBuilder::prepare_one(const ImageBytes& image) c
 Result<BuiltPrompt> ModelPromptBuilder::build(const std::vector<ChatMessage>& messages,
                                               const std::vector<ImageBytes>& images) const {
   BuiltPrompt out;
-  out.images.reserve(images.size());
-  for (const ImageBytes& img : images) {
-    QVL_ASSIGN_OR_RETURN(PreparedImage prepared, prepare_one(img));
-    out.images.push_back(std::move(prepared));
+  if (!images.empty()) {
+    QVL_ASSIGN_OR_RETURN(out.images, image_lane_->run([&] { return prepare_all(images); }));
   }
 
   std::vector<qvl::ChatMessage> chat;

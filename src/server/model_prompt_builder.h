@@ -7,7 +7,9 @@
 //   PreprocessOptions     how images are resized (the model's preprocessor_config plus qvl's
 //                         --max-image-pixels / --max-image-tokens caps, which downscale, as the
 //                         reference's max_pixels does, and never refuse)
-// Immutable after construction; safe to call from every HTTP worker at once.
+// Decoding and preprocessing run on one WorkLane (work_lane.h says why), one request's images at
+// a time; templating and tokenizing run on the calling thread. Immutable after construction;
+// safe to call from every HTTP worker at once.
 #pragma once
 
 #include <memory>
@@ -16,6 +18,7 @@
 
 #include "image/image.h"
 #include "server/model_session.h"
+#include "server/work_lane.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,12 +41,14 @@ class ModelPromptBuilder : public PromptBuilder {
 
  private:
   Result<PreparedImage> prepare_one(const ImageBytes& image) const;
+  Result<std::vector<PreparedImage>> prepare_all(const std::vector<ImageBytes>& images) const;
 
   std::shared_ptr<const Tokenizer> tokenizer_;
   image::DecodeLimits decode_limits_;
   image::PreprocessOptions preprocess_;
   ChatTemplateOptions template_options_;
   ImageLimitFlags flags_;
+  std::unique_ptr<WorkLane> image_lane_;
 };
 
 }  // namespace qvl::server

@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/serve.sh"
 e2e_init "$1" "$2" serve_api
 
-serve_start "$SCRATCH/serve.log" tiny --served-model-name tiny-e2e
+serve_start "$SCRATCH/serve.log" tiny --threads 1 --served-model-name tiny-e2e
 node "$here/serve_api.mjs" "$QVL_URL" "$QVL" "$SCRATCH" tiny-e2e
 serve_stop
 grep -q "shutting down" "$SCRATCH/serve.log" || { echo "e2e: no shutdown line in the log" >&2; exit 1; }

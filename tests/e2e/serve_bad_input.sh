@@ -9,7 +9,7 @@ e2e_init "$1" "$2" serve_bad_input
 
 key="e2e-$RANDOM-$RANDOM"
 mkdir -p "$SCRATCH/media"
-serve_start "$SCRATCH/serve.log" tiny --api-key "$key" --max-images-per-request 2 \
+serve_start "$SCRATCH/serve.log" tiny --threads 1 --api-key "$key" --max-images-per-request 2 \
   --max-image-input-pixels 100000 --allowed-media-dir "$SCRATCH/media" --max-body-bytes 1048576 --context 512
 node "$here/serve_bad_input.mjs" "$QVL_URL" "$key" "$SCRATCH"
 serve_stop

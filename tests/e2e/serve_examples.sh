@@ -16,7 +16,7 @@ cp -r "$E2E_REPO/examples/node" "$SCRATCH/node"
 ln -s "$QVL_NODE_MODULES" "$SCRATCH/node/node_modules"
 
 key="examples-$RANDOM"
-serve_start "$SCRATCH/serve.log" tiny --api-key "$key"
+serve_start "$SCRATCH/serve.log" tiny --threads 1 --api-key "$key"
 export QVL_BASE_URL="$QVL_URL/v1" QVL_API_KEY="$key"
 
 failed=0

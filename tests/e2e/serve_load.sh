@@ -8,6 +8,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/serve.sh"
 e2e_init "$1" "$2" serve_load
 
-serve_start "$SCRATCH/serve.log" tiny
+serve_start "$SCRATCH/serve.log" tiny --threads 1
 node "$here/serve_load.mjs" "$QVL_URL" "$SERVE_PID" "${QVL_LOAD_CLIENTS:-16}" "${QVL_LOAD_REQUESTS:-200}"
 serve_stop
