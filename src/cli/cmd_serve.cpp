@@ -129,8 +129,8 @@ class Loader {
   Status load() {
     QVL_ASSIGN_OR_RETURN(std::string dir, resolve_model_dir(args_.model));
     QVL_ASSIGN_OR_RETURN(BackendChoice backend, make_backend(args_.engine));
-    QVL_ASSIGN_OR_RETURN(LoadOptions lo, make_load_options(args_.engine, dir, backend.device, args_.concurrency));
-    lo.max_running = args_.max_running;
+    QVL_ASSIGN_OR_RETURN(LoadOptions lo,
+                         make_load_options(args_.engine, dir, backend.device, args_.concurrency, args_.max_running));
     // The HTTP layer admits at most --max-concurrency requests; the engine's queue must hold them
     // all, so that "refused at submit" only ever means "can never fit".
     lo.max_queued = std::max(lo.max_queued, args_.server.max_concurrency);
