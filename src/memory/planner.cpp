@@ -228,8 +228,8 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
     p.cuda_context = p.arch->context_base + p.sm_count * p.arch->context_per_sm;
     p.cuda_modules = p.arch->modules;
     if (p.arch->provisional)
-      p.notes.push_back(std::string("CUDA context and module sizes for ") + p.arch->label +
-                        " are provisional estimates, not yet measured; override with --cuda-overhead");
+      p.notes.push_back(std::string("the CUDA context and module sizes (") + p.arch->label +
+                        ") are provisional estimates, not yet measured; override with --cuda-overhead");
   }
   // Each workspace is its own allocation when the backend is made.
   const CudaBackendOptions backend_options;
