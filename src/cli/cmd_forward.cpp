@@ -69,7 +69,8 @@ Result<std::vector<int32_t>> read_ids(const std::string& path) {
   std::vector<int32_t> ids;
   if (path.ends_with(".i32") || path.ends_with(".i64")) {
     const size_t w = path.ends_with(".i32") ? 4 : 8;
-    if (bytes.size() % w != 0) return data_loss(path + ": " + std::to_string(bytes.size()) + " bytes is not a whole number of ids");
+    if (bytes.size() % w != 0)
+      return data_loss(path + ": " + std::to_string(bytes.size()) + " bytes is not a whole number of ids");
     for (size_t i = 0; i < bytes.size(); i += w) {
       int64_t v = 0;
       if (w == 4) {
@@ -154,8 +155,8 @@ Status run_forward(const ForwardOptions& o) {
   for (const std::string& f : o.pixel_values) {
     QVL_ASSIGN_OR_RETURN(std::string bytes, read_bytes(f));
     if (bytes.size() % (P * 4) != 0)
-      return invalid_argument(f + ": " + std::to_string(bytes.size()) + " bytes is not a whole number of float32 rows of " +
-                              std::to_string(P));
+      return invalid_argument(f + ": " + std::to_string(bytes.size()) +
+                              " bytes is not a whole number of float32 rows of " + std::to_string(P));
     const size_t old = pixels.size();
     pixels.resize(old + bytes.size() / 4);
     std::memcpy(pixels.data() + old, bytes.data(), bytes.size());

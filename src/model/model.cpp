@@ -1,13 +1,15 @@
 // Qwen3VLModel construction: the config/weights agreement checks and small helpers shared by
 // the vision (vision.cpp) and text (text.cpp) halves of the forward pass.
-#include <string>
-
 #include "model/model.h"
+
+#include <string>
 
 namespace qvl {
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
 
 // "<what>: <got> != <expected>" when they differ.
 Status expect_eq(const std::string& what, int64_t got, int64_t expected) {

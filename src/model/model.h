@@ -63,9 +63,9 @@ struct VisualRows {
 
 // Inputs of one decoder step beyond the TextBatch tables.
 struct TextStepInputs {
-  Tensor token_ids;                 // I32 [num_tokens] device; image rows carry the pad id
-  std::vector<VisualRows> visual;   // prefill rows that are image tokens (empty for decode)
-  Tensor logits_rows;               // I32 [r] device: batch rows whose logits are wanted
+  Tensor token_ids;                // I32 [num_tokens] device; image rows carry the pad id
+  std::vector<VisualRows> visual;  // prefill rows that are image tokens (empty for decode)
+  Tensor logits_rows;              // I32 [r] device: batch rows whose logits are wanted
 };
 
 // Debug hook: called with every named intermediate (see kStage* names) and its layer/block
@@ -79,9 +79,9 @@ inline constexpr std::string_view kStageVisionBlock = "vision.block";       // [
 inline constexpr std::string_view kStageDeepstack = "vision.deepstack";     // [M, O] deepstack merger j
 inline constexpr std::string_view kStageMerger = "vision.merger";           // [M, O] final merger
 inline constexpr std::string_view kStageEmbeds = "text.embeds";             // [n, H] after image merge
-inline constexpr std::string_view kStageLayer = "text.layer";   // [n, H] layer l output (before deepstack add)
-inline constexpr std::string_view kStageNorm = "text.norm";     // [r, H] final norm of the logits rows
-inline constexpr std::string_view kStageLogits = "text.logits"; // [r, V]
+inline constexpr std::string_view kStageLayer = "text.layer";    // [n, H] layer l output (before deepstack add)
+inline constexpr std::string_view kStageNorm = "text.norm";      // [r, H] final norm of the logits rows
+inline constexpr std::string_view kStageLogits = "text.logits";  // [r, V]
 
 class Qwen3VLModel {
  public:

@@ -93,9 +93,9 @@ Result<PromptPositions> prompt_positions(std::span<const int32_t> ids, std::span
     while (end < ids.size() && ids[end] == image_id) ++end;
     const int64_t run = static_cast<int64_t>(end - i);
     if (next_image >= grids.size()) {
-      return invalid_argument("image pad run " + std::to_string(next_image) + " at token " + std::to_string(i) +
-                              " (" + std::to_string(run) + " tokens) has no image: only " +
-                              std::to_string(grids.size()) + " image grid(s) given");
+      return invalid_argument("image pad run " + std::to_string(next_image) + " at token " + std::to_string(i) + " (" +
+                              std::to_string(run) + " tokens) has no image: only " + std::to_string(grids.size()) +
+                              " image grid(s) given");
     }
     const ImageGrid& g = grids[next_image];
     QVL_RETURN_IF_ERROR(validate_grid(g, config.vision, static_cast<int>(next_image)));
@@ -137,8 +137,10 @@ MropeSpec make_mrope_spec(const TextConfig& text) {
   for (int j = 0; j < half; ++j) {
     spec.inv_freq[j] = inverse_frequency(text.rope_theta, 2 * j, text.head_dim);
     uint8_t axis = 0;  // T
-    if (j % 3 == 1 && j < 3 * text.mrope_section[1]) axis = 1;       // H
-    else if (j % 3 == 2 && j < 3 * text.mrope_section[2]) axis = 2;  // W
+    if (j % 3 == 1 && j < 3 * text.mrope_section[1])
+      axis = 1;  // H
+    else if (j % 3 == 2 && j < 3 * text.mrope_section[2])
+      axis = 2;  // W
     spec.axis[j] = axis;
   }
   return spec;

@@ -48,7 +48,9 @@ Result<PromptPositions> prompt_positions(std::span<const int32_t> ids, std::span
                                          const ModelConfig& config);
 
 // Position of the token at absolute index n >= prompt length (all three axes).
-inline int64_t decode_position(int64_t n, int64_t rope_delta) { return n + rope_delta; }
+inline int64_t decode_position(int64_t n, int64_t rope_delta) {
+  return n + rope_delta;
+}
 
 // inv_freq[j] = 1 / theta^(2j/head_dim) in fp32 and the interleaved axis map (spec §6.4):
 // H if j % 3 == 1 and j < 3·section[1], W if j % 3 == 2 and j < 3·section[2], else T.
@@ -63,13 +65,13 @@ std::vector<float> vision_rope_inv_freq(const VisionConfig& vision);
 // Everything the vision encoder needs besides pixels, for a list of images.
 struct VisionLayout {
   int64_t num_patches = 0;
-  int64_t num_tokens = 0;                // merged rows of the output
-  std::vector<int64_t> token_offsets;    // first output row of image i; num_images + 1 entries
-  std::vector<int32_t> cu_seqlens;       // attention segments: one per temporal slice of each image
+  int64_t num_tokens = 0;              // merged rows of the output
+  std::vector<int64_t> token_offsets;  // first output row of image i; num_images + 1 entries
+  std::vector<int32_t> cu_seqlens;     // attention segments: one per temporal slice of each image
   int max_seqlen = 0;
-  std::vector<int32_t> interp_index;     // [N, 4] rows of the learned position table
-  std::vector<float> interp_weight;      // [N, 4] bilinear weights (fp32)
-  std::vector<float> rope;               // [N, 2, head_dim]: cos then sin of the 2-D angles
+  std::vector<int32_t> interp_index;  // [N, 4] rows of the learned position table
+  std::vector<float> interp_weight;   // [N, 4] bilinear weights (fp32)
+  std::vector<float> rope;            // [N, 2, head_dim]: cos then sin of the 2-D angles
 };
 
 // Builds the layout (grids must have passed validate_grid).

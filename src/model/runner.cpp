@@ -107,8 +107,8 @@ Result<std::vector<float>> SequenceRunner::prefill(std::span<const int32_t> ids,
     const bool keep = !logit_rows.empty();
     if (!keep) logit_rows.push_back(static_cast<int32_t>(end - c - 1));
     std::vector<float> dropped;
-    step(ids.subspan(c, end - c), std::span(positions_.positions).subspan(c * 3, (end - c) * 3), c, visual,
-         logit_rows, keep ? &logits : &dropped);
+    step(ids.subspan(c, end - c), std::span(positions_.positions).subspan(c * 3, (end - c) * 3), c, visual, logit_rows,
+         keep ? &logits : &dropped);
   }
   length_ = L;
   prefilled_ = true;

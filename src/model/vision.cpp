@@ -34,8 +34,8 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
   const size_t outputs_end = arena.used();
 
   // Live through the pass: hidden state, rotary table, attention segments.
-  Tensor x = arena.alloc(act, {N, D});                                              // [N, D]
-  Tensor rope = upload(arena, DType::kF32, {N, 2, dh}, layout.rope.data());         // [N, 2, dh] cos | sin
+  Tensor x = arena.alloc(act, {N, D});                                       // [N, D]
+  Tensor rope = upload(arena, DType::kF32, {N, 2, dh}, layout.rope.data());  // [N, 2, dh] cos | sin
   const int64_t num_segments = static_cast<int64_t>(layout.cu_seqlens.size());
   VisionSegments seg{upload(arena, DType::kI32, {num_segments}, layout.cu_seqlens.data()), layout.cu_seqlens,
                      layout.max_seqlen};

@@ -25,7 +25,9 @@ std::vector<float> randu(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1
   return v;
 }
 
-Tensor f32(std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::kF32, dims); }
+Tensor f32(std::vector<float>& v, std::initializer_list<int64_t> dims) {
+  return Tensor(v.data(), DType::kF32, dims);
+}
 Tensor i32(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
   return Tensor(v.data(), DType::kI32, dims);
 }

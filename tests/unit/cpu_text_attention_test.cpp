@@ -163,8 +163,8 @@ TEST(CpuTextAttention, PagedGqaMatchesReference) {
                                       kHq * kDh, test::tol::kCpuOpAbs, test::tol::kCpuOpRel);
       EXPECT_TRUE(c.ok) << "q row " << r << ": " << c.message;
     }
-    auto c = test::compare_allclose(out.data(), want_out.data(), static_cast<int64_t>(out.size()),
-                                    test::tol::kCpuOpAbs, test::tol::kCpuOpRel);
+    auto c = test::compare_allclose(out.data(), want_out.data(), static_cast<int64_t>(out.size()), test::tol::kCpuOpAbs,
+                                    test::tol::kCpuOpRel);
     EXPECT_TRUE(c.ok) << "attention: " << c.message;
     cached = ctx;
   }

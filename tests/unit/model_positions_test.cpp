@@ -88,8 +88,7 @@ TEST(PromptPositions, ErrorsNameImageAndCounts) {
   EXPECT_EQ(prompt_positions(video, {}, ModelConfig{}).status().code(), StatusCode::kUnimplemented);
   ImageGrid odd{1, 3, 4};
   std::vector<int32_t> pads(3, kImg);
-  EXPECT_EQ(prompt_positions(pads, std::span(&odd, 1), ModelConfig{}).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(prompt_positions(pads, std::span(&odd, 1), ModelConfig{}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Mrope, AxisMapAndInvFreqMatchProbe) {

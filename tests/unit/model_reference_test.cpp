@@ -93,8 +93,12 @@ void attend(const double* q, const std::vector<const double*>& k, const std::vec
   }
 }
 
-double gelu_tanh(double z) { return 0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z))); }
-double gelu_erf(double z) { return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0))); }
+double gelu_tanh(double z) {
+  return 0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z)));
+}
+double gelu_erf(double z) {
+  return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+}
 
 struct VisionRef {
   Mat merged;
@@ -138,8 +142,10 @@ VisionRef vision_reference(const ModelConfig& cfg, const ModelWeights& w, const 
     }
   auto merger = [&](const MergerWeights& m, Mat in) {
     const int64_t M = N / U;
-    if (m.postshuffle_norm) layer_norm(in, M, U * D, m.norm_w, m.norm_b);
-    else layer_norm(in, N, D, m.norm_w, m.norm_b);
+    if (m.postshuffle_norm)
+      layer_norm(in, M, U * D, m.norm_w, m.norm_b);
+    else
+      layer_norm(in, N, D, m.norm_w, m.norm_b);
     Mat h = lin(in, M, m.fc1);
     for (double& z : h) z = gelu_erf(z);
     return lin(h, M, m.fc2);

@@ -64,8 +64,10 @@ void store_kv(const float* src, void* dst, DType dt, int64_t n) {
 }
 
 void load_kv(const void* src, DType dt, int64_t n, float* dst) {
-  if (dt == DType::kF32) std::memcpy(dst, src, n * sizeof(float));
-  else to_f32(src, DType::kBF16, 0, n, dst);
+  if (dt == DType::kF32)
+    std::memcpy(dst, src, n * sizeof(float));
+  else
+    to_f32(src, DType::kBF16, 0, n, dst);
 }
 
 }  // namespace
@@ -77,7 +79,7 @@ void vision_rope(int threads, Tensor qkv, const Tensor& rope, int nh, int dh) {
   const int64_t N = qkv.dim(0), width = 3LL * nh * dh;
   float* base = qkv.as<float>();
   const float* table = rope.as<const float>();
-#pragma omp parallel for schedule(static) num_threads(threads) if(N * width >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads) if (N * width >= kParallelMinWork)
   for (int64_t i = 0; i < N; ++i) {
     const float* cos = table + i * 2 * dh;
     const float* sin = cos + dh;
@@ -129,7 +131,8 @@ void text_qkv_prepare(int threads, Tensor qkv, const Tensor& q_norm, const Tenso
   QVL_CHECK(static_cast<int>(rope.inv_freq.size()) == dh / 2 && rope.axis.size() == rope.inv_freq.size());
   QVL_CHECK(cache.num_kv_heads == hkv && cache.head_dim == dh && layer >= 0 && layer < cache.num_layers)
       << "KV cache shape vs attention shape";
-  QVL_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16) << "CPU KV cache dtype " << dtype_name(cache.dtype);
+  QVL_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16)
+      << "CPU KV cache dtype " << dtype_name(cache.dtype);
   QVL_CHECK_LE(dh, 256) << "head_dim";
   for (int64_t i = 0; i < n; ++i) check_slot(cache, batch.slots.as<const int32_t>()[i], "text_qkv_prepare");
   std::vector<float> qn(dh), kn(dh);
@@ -140,7 +143,7 @@ void text_qkv_prepare(int threads, Tensor qkv, const Tensor& q_norm, const Tenso
   float* base = qkv.as<float>();
   const int64_t kv_row = static_cast<int64_t>(hkv) * dh;
 
-#pragma omp parallel for schedule(static) num_threads(threads) if(n * width >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * width >= kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     // cos/sin of the interleaved M-RoPE angles, duplicated over both halves of head_dim.
     float cs[2 * 256];
@@ -195,7 +198,7 @@ void text_attention(int threads, Tensor out, const Tensor& qkv, const TextBatch&
 
   // Work ~ rows × kv heads × context; a short decode step stays on the calling thread.
   const int64_t work = n * hkv * (batch.max_context + 1) * (group + 1) * dh;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(work >= kParallelMinWork)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (work >= kParallelMinWork)
   for (int64_t task = 0; task < n * hkv; ++task) {
     const int64_t i = task / hkv;
     const int g = static_cast<int>(task % hkv);

@@ -18,7 +18,9 @@
 namespace qvl {
 namespace cpu {
 
-bool is_plain_float(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
+bool is_plain_float(DType dt) {
+  return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16;
+}
 
 void to_f32(const void* src, DType dt, int64_t offset, int64_t n, float* dst) {
   switch (dt) {
@@ -46,7 +48,9 @@ namespace {
 
 using cpu::check_f32;
 
-std::string shape_of(const Tensor& t) { return t.describe(); }
+std::string shape_of(const Tensor& t) {
+  return t.describe();
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -131,8 +135,8 @@ class CpuBackend final : public Backend {
     }
     if (!host_bias.empty()) {
       if (host_bias.numel() != w.out_features)
-        return invalid_argument("Linear bias " + shape_of(host_bias) + ": expected " +
-                                std::to_string(w.out_features) + " elements");
+        return invalid_argument("Linear bias " + shape_of(host_bias) + ": expected " + std::to_string(w.out_features) +
+                                " elements");
       QVL_ASSIGN_OR_RETURN(w.bias, load_tensor(host_bias, DType::kF32));
     }
     return w;
@@ -147,7 +151,7 @@ class CpuBackend final : public Backend {
     const int32_t* id = ids.as<const int32_t>();
     for (int64_t i = 0; i < n; ++i) QVL_CHECK(id[i] >= 0 && id[i] < V) << "token id " << id[i] << " vocab " << V;
     float* o = out.as<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(n * H >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (n * H >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) cpu::to_f32(table.data, table.dtype, id[i] * H, H, o + i * H);
   }
 
@@ -160,7 +164,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < m; ++i) QVL_CHECK(r[i] >= 0 && r[i] < x.dim(0)) << "scatter row " << r[i];
     float* xd = x.as<float>();
     const float* s = src.as<const float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(m * H >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (m * H >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < m; ++i) {
       float* dst = xd + r[i] * H;
       if (accumulate)
@@ -189,7 +193,7 @@ class CpuBackend final : public Backend {
     cpu::to_f32(weight.data, weight.dtype, 0, H, w.data());
     const float* xd = x.as<const float>();
     float* od = out.as<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(n * H >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (n * H >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
       const float* r = xd + i * H;
       double ss = 0;
@@ -210,7 +214,7 @@ class CpuBackend final : public Backend {
     cpu::to_f32(bias.data, bias.dtype, 0, H, b.data());
     const float* xd = x.as<const float>();
     float* od = out.as<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(n * H >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (n * H >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
       const float* r = xd + i * H;
       double sum = 0;
@@ -235,7 +239,7 @@ class CpuBackend final : public Backend {
     QVL_CHECK(gate_up.dim(0) == n && gate_up.row_numel() == 2 * I) << "silu_mul " << gate_up.describe();
     const float* g = gate_up.as<const float>();
     float* o = out.as<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(n * I >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (n * I >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < I; ++j) {
         const float a = g[i * 2 * I + j];
@@ -254,7 +258,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n * 4; ++i) QVL_CHECK(id[i] >= 0 && id[i] < P) << "position index " << id[i];
     const float* wt = w.as<const float>();
     float* xd = x.as<float>();
-#pragma omp parallel for schedule(static) num_threads(threads_) if(n * D >= cpu::kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(threads_) if (n * D >= cpu::kParallelMinWork)
     for (int64_t i = 0; i < n; ++i) {
       std::vector<float> row(D), pe(D, 0.0f);
       for (int k = 0; k < 4; ++k) {
@@ -297,6 +301,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
 
 }  // namespace qvl

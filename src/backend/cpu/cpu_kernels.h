@@ -62,8 +62,7 @@ inline char* kv_address(const KvCacheView& c, int64_t slot, int layer, bool valu
 
 inline void check_slot(const KvCacheView& c, int64_t slot, const char* what) {
   QVL_CHECK(slot >= 0 && slot < c.num_pages * c.page_size)
-      << what << ": KV slot " << slot << " is outside the cache (" << c.num_pages << " pages of " << c.page_size
-      << ")";
+      << what << ": KV slot " << slot << " is outside the cache (" << c.num_pages << " pages of " << c.page_size << ")";
 }
 
 }  // namespace qvl::cpu

@@ -183,10 +183,18 @@ QVL_CPU_MULTIVERSION void run_tile(const LinearArgs& a, const Tile& t, int64_t x
         float* acc_ij = acc + i * kTileW + j;
         const float* wj = w + static_cast<int64_t>(j) * ld;
         switch (mr) {
-          case 4: micro_kernel<4>(xptr + i, wj, ld, ld, acc_ij, kTileW); break;
-          case 3: micro_kernel<3>(xptr + i, wj, ld, ld, acc_ij, kTileW); break;
-          case 2: micro_kernel<2>(xptr + i, wj, ld, ld, acc_ij, kTileW); break;
-          default: micro_kernel<1>(xptr + i, wj, ld, ld, acc_ij, kTileW); break;
+          case 4:
+            micro_kernel<4>(xptr + i, wj, ld, ld, acc_ij, kTileW);
+            break;
+          case 3:
+            micro_kernel<3>(xptr + i, wj, ld, ld, acc_ij, kTileW);
+            break;
+          case 2:
+            micro_kernel<2>(xptr + i, wj, ld, ld, acc_ij, kTileW);
+            break;
+          default:
+            micro_kernel<1>(xptr + i, wj, ld, ld, acc_ij, kTileW);
+            break;
         }
       }
     }
@@ -239,12 +247,18 @@ void linear(int threads, Tensor out, const Tensor& x, const LinearWeight& w, con
   }
   QVL_CHECK_EQ(col, O) << "stacked parts do not add up to out_features";
 
-  const LinearArgs args{x.as<const float>(), out.as<float>(),
+  const LinearArgs args{x.as<const float>(),
+                        out.as<float>(),
                         ep.residual.empty() ? nullptr : ep.residual.as<const float>(),
-                        w.bias.empty() ? nullptr : w.bias.as<const float>(), n, K, O, w.block_size, ep.act};
+                        w.bias.empty() ? nullptr : w.bias.as<const float>(),
+                        n,
+                        K,
+                        O,
+                        w.block_size,
+                        ep.act};
   const int64_t xblocks = (n + kTileX - 1) / kTileX;
   const int64_t tasks = static_cast<int64_t>(tiles.size()) * xblocks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(n * O * K >= 64 * kParallelMinWork)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (n * O * K >= 64 * kParallelMinWork)
   for (int64_t task = 0; task < tasks; ++task) {
     const Tile& t = tiles[task / xblocks];
     const int64_t x0 = (task % xblocks) * kTileX;
