@@ -80,6 +80,8 @@ void load_preset(const std::string& preset, const json& entry, Loaded* out) {
   auto model = Qwen3VLModel::create(*out->backend, out->config, std::move(weights).value());
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   out->model = std::move(model).value();
+  // The weights are mapped; unlinking the files keeps the maps valid and the disk clean.
+  std::filesystem::remove_all(dir);
 }
 
 void expect_rel_l2(const std::vector<float>& got, const float* want, int64_t n, double tol, const std::string& what) {
