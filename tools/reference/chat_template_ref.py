@@ -37,6 +37,14 @@ PREPROCESSOR_CONFIG = {  # Qwen/Qwen3-VL-*-Instruct preprocessor_config.json
 }
 
 
+VIDEO_PREPROCESSOR_CONFIG = {  # Qwen/Qwen3-VL-*-Instruct video_preprocessor_config.json
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor", "video_processor_type": "Qwen3VLVideoProcessor",
+}
+
+
 def build_processor(tokenizer_dir, template_path, tmp):
     import transformers
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -44,6 +52,8 @@ def build_processor(tokenizer_dir, template_path, tmp):
     shutil.copy(template_path, os.path.join(tmp, "chat_template.json"))
     with open(os.path.join(tmp, "preprocessor_config.json"), "w") as f:
         json.dump(PREPROCESSOR_CONFIG, f)
+    with open(os.path.join(tmp, "video_preprocessor_config.json"), "w") as f:
+        json.dump(VIDEO_PREPROCESSOR_CONFIG, f)
     try:
         proc = transformers.AutoProcessor.from_pretrained(tmp)
         how = "AutoProcessor.from_pretrained"
@@ -61,6 +71,31 @@ def build_processor(tokenizer_dir, template_path, tmp):
     if type(proc).__name__ != "Qwen3VLProcessor":
         sys.exit(f"FAIL: got {type(proc).__name__}, expected Qwen3VLProcessor")
     return proc, how
+
+
+def reference_line(proc, raw_tok, template, name, messages, images, grids, kwargs, merge):
+    """The reference.jsonl line of one conversation, or a failure message (not starting with '{')."""
+    pad = "<|image_pad|>"
+    text = proc.apply_chat_template(messages, chat_template=template, **kwargs)
+    if text.count(pad) != len(images):
+        return f"{text.count(pad)} {pad} in the rendered text for {len(images)} images"
+    enc = proc(text=[text], images=images or None)
+    ids = [int(x) for x in enc["input_ids"][0]]
+    got_grids = [list(map(int, g)) for g in enc["image_grid_thw"]] if images else []
+    if got_grids != grids:
+        return f"image_grid_thw {got_grids} != wanted {grids}"
+    # The processor's expansion (get_text_with_replacements): the i-th pad -> grid.prod() // merge².
+    pieces = text.split(pad)
+    expanded = pieces[0]
+    for g, rest in zip(got_grids, pieces[1:]):
+        expanded += pad * (g[0] * g[1] * g[2] // (merge * merge)) + rest
+    re_ids = list(proc.tokenizer(expanded, add_special_tokens=False)["input_ids"])
+    raw_ids = raw_tok.encode(expanded, add_special_tokens=False).ids
+    if re_ids != ids or raw_ids != ids:
+        return (f"processor ids ({len(ids)}) != tokenizer(expanded) ({len(re_ids)}) "
+                f"or raw tokenizers ({len(raw_ids)})")
+    print(f"ok {name}: {len(ids)} ids, {len(images)} images")
+    return json.dumps({"name": name, "text": expanded, "ids": ids, "grids": got_grids}, ensure_ascii=False)
 
 
 def main():
@@ -84,8 +119,6 @@ def main():
     proc, how = build_processor(args.tokenizer_dir, args.template, tmp)
     merge = proc.image_processor.merge_size
     print(f"processor: {how}; image processor {type(proc.image_processor).__name__}, merge_size {merge}")
-    pad = "<|image_pad|>"
-
     out_lines = []
     failures = 0
     for c in convs:
@@ -105,32 +138,15 @@ def main():
             kwargs["tools"] = c["tools"]
         if c.get("add_vision_id"):
             kwargs["add_vision_id"] = True
-        text = proc.apply_chat_template(messages, chat_template=template, **kwargs)
-        if text.count(pad) != len(images):
-            print(f"FAIL {name}: {text.count(pad)} {pad} in the rendered text for {len(images)} images")
+        try:
+            line = reference_line(proc, raw_tok, template, name, messages, images, grids, kwargs, merge)
+        except Exception as e:  # one broken case must not hide the others
+            line = f"{type(e).__name__}: {e}"
+        if not line.startswith("{"):
+            print(f"FAIL {name}: {line}")
             failures += 1
             continue
-        enc = proc(text=[text], images=images or None)
-        ids = [int(x) for x in enc["input_ids"][0]]
-        got_grids = [list(map(int, g)) for g in enc["image_grid_thw"]] if images else []
-        if got_grids != grids:
-            print(f"FAIL {name}: image_grid_thw {got_grids} != wanted {grids}")
-            failures += 1
-            continue
-        pieces = text.split(pad)
-        expanded = pieces[0]
-        for g, rest in zip(got_grids, pieces[1:]):
-            expanded += pad * (g[0] * g[1] * g[2] // (merge * merge)) + rest
-        re_ids = proc.tokenizer(expanded, add_special_tokens=False)["input_ids"]
-        raw_ids = raw_tok.encode(expanded, add_special_tokens=False).ids
-        if re_ids != ids or raw_ids != ids:
-            print(f"FAIL {name}: processor ids ({len(ids)}) != tokenizer(expanded) ({len(re_ids)}) "
-                  f"or raw tokenizers ({len(raw_ids)})")
-            failures += 1
-            continue
-        out_lines.append(json.dumps({"name": name, "text": expanded, "ids": ids, "grids": got_grids},
-                                    ensure_ascii=False))
-        print(f"ok {name}: {len(ids)} ids, {len(images)} images")
+        out_lines.append(line)
 
     os.makedirs(args.out, exist_ok=True)
     files = {"reference.jsonl": "\n".join(out_lines) + "\n"}
