@@ -86,11 +86,17 @@ const ArchOverheads& arch_overheads(int compute_capability) {
 }
 
 DType device_dtype(const TensorSpec& spec) {
-  if (spec.shape.size() == 1) return DType::kF32;  // norm weights and biases: model/load
-  const std::string_view kScale = ".weight_scale_inv";
-  const bool scale = spec.name.size() > kScale.size() &&
-                     spec.name.compare(spec.name.size() - kScale.size(), kScale.size(), kScale) == 0;
-  if (scale) return DType::kF32;  // FP8 block scales: the CUDA backend's load_linear keeps them F32
+  auto ends_with = [&](std::string_view suffix) {
+    return spec.name.size() >= suffix.size() &&
+           spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (spec.shape.size() == 1) {
+    // Norm weights and LayerNorm biases: F32 (model/load). Linear biases: model/load hands them
+    // over as F32, the CUDA backend's load_linear stores them BF16 (its epilogues read BF16).
+    const bool norm = spec.name.find("norm") != std::string::npos;
+    return norm || !ends_with(".bias") ? DType::kF32 : DType::kBF16;
+  }
+  if (ends_with(".weight_scale_inv")) return DType::kF32;  // the CUDA backend keeps block scales F32
   return spec.dtype;
 }
 

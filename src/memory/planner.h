@@ -91,9 +91,10 @@ struct WeightBytes {
 };
 inline constexpr int64_t kWeightAlignment = 256;
 struct TensorSpec;
-// The dtype a checkpoint tensor has on the device: model/load makes norm weights and biases (the
-// 1-D tensors) F32; the CUDA backend keeps FP8 block scales (weight_scale_inv) as F32, applied
-// in fp32; every other tensor keeps its checkpoint dtype (BF16, or FP8 E4M3: never dequantized).
+// The dtype a checkpoint tensor has on the CUDA device: norm weights and LayerNorm biases F32
+// (model/load); Linear biases BF16 and FP8 block scales (weight_scale_inv) F32 (the CUDA
+// backend's load_linear); every other tensor keeps its checkpoint dtype (BF16, or FP8 E4M3:
+// never dequantized).
 DType device_dtype(const TensorSpec& spec);
 // The device bytes of every checkpoint tensor of `config` (model/tensor_specs.h).
 WeightBytes weight_bytes(const ModelConfig& config);
