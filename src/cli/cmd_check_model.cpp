@@ -79,8 +79,8 @@ int run(const ModelArgs& args, bool as_json) {
     nlohmann::ordered_json j;
     j["model_dir"] = *dir;
     j["architecture"] = c.architecture;
-    j["text"] = {{"layers", c.text.num_hidden_layers}, {"hidden_size", c.text.hidden_size},
-                 {"vocab_size", c.text.vocab_size}};
+    j["text"] = {
+        {"layers", c.text.num_hidden_layers}, {"hidden_size", c.text.hidden_size}, {"vocab_size", c.text.vocab_size}};
     j["vision"] = {{"depth", c.vision.depth}, {"hidden_size", c.vision.hidden_size}};
     j["tied"] = c.tie_word_embeddings;
     j["fp8"] = c.quant.fp8;
@@ -116,7 +116,8 @@ int run(const ModelArgs& args, bool as_json) {
     std::printf(" %s: %lld tensors (%s)", dtype.c_str(), static_cast<long long>(t.tensors),
                 human(static_cast<double>(t.bytes), "B").c_str());
   std::printf("\nshards       %zu file%s\n", ck->files().size(), ck->files().size() == 1 ? "" : "s");
-  if (report.lm_head_ignored) std::printf("note         lm_head.weight is stored but ignored (tied, as transformers)\n");
+  if (report.lm_head_ignored)
+    std::printf("note         lm_head.weight is stored but ignored (tied, as transformers)\n");
   if (!report.unexpected.empty()) {
     std::printf("warning      %zu unexpected tensor%s (ignored):", report.unexpected.size(),
                 report.unexpected.size() == 1 ? "" : "s");

@@ -24,9 +24,14 @@ Result<uint64_t> parse_size(const std::string& text) {
     return invalid_argument("--max-shard-size '" + text + "': expected a byte count such as 5000000000 or 5GB");
   }
   const std::string unit = text.substr(pos);
-  const std::pair<const char*, uint64_t> units[] = {{"", 1},           {"B", 1},           {"KB", 1000},
-                                                    {"MB", 1000000},   {"GB", 1000000000}, {"KiB", 1ull << 10},
-                                                    {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  const std::pair<const char*, uint64_t> units[] = {{"", 1},
+                                                    {"B", 1},
+                                                    {"KB", 1000},
+                                                    {"MB", 1000000},
+                                                    {"GB", 1000000000},
+                                                    {"KiB", 1ull << 10},
+                                                    {"MiB", 1ull << 20},
+                                                    {"GiB", 1ull << 30}};
   for (const auto& [u, mult] : units)
     if (unit == u && n > 0) return n * mult;
   return invalid_argument("--max-shard-size '" + text + "': expected a positive byte count such as 5000000000 or 5GB");
@@ -70,8 +75,10 @@ int run(const Options& o) {
   } else if (has_tokenizer(default_tokenizer_dir())) {
     g.tokenizer_dir = default_tokenizer_dir();
   } else {
-    std::fprintf(stderr, "qvl gen-model: warning: no tokenizer files in %s (run scripts/fetch_npm.sh); "
-                 "writing the checkpoint without them\n", default_tokenizer_dir().c_str());
+    std::fprintf(stderr,
+                 "qvl gen-model: warning: no tokenizer files in %s (run scripts/fetch_npm.sh); "
+                 "writing the checkpoint without them\n",
+                 default_tokenizer_dir().c_str());
   }
   g.chat_template_path = std::string(QVL_SOURCE_DIR) + "/assets/chat_template.json";
 
@@ -106,5 +113,4 @@ std::function<int()> setup(CLI::App& app) {
 }  // namespace
 }  // namespace qvl::cli
 
-QVL_REGISTER_COMMAND("gen-model", "Write a random-weight checkpoint in the official Qwen3-VL layout",
-                     qvl::cli::setup);
+QVL_REGISTER_COMMAND("gen-model", "Write a random-weight checkpoint in the official Qwen3-VL layout", qvl::cli::setup);

@@ -18,7 +18,9 @@ Tensor CheckpointTensor::view_as(const std::vector<int64_t>& dims) const {
   return t;
 }
 
-Tensor CheckpointTensor::view() const { return view_as(shape()); }
+Tensor CheckpointTensor::view() const {
+  return view_as(shape());
+}
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint ck;

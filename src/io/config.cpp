@@ -258,12 +258,13 @@ Status validate_text(const TextConfig& t, const TokenIds& ids) {
   QVL_RETURN_IF_ERROR(positive("intermediate_size", t.intermediate_size));
   QVL_RETURN_IF_ERROR(positive("vocab_size", t.vocab_size));
   QVL_RETURN_IF_ERROR(positive("max_position_embeddings", t.max_position_embeddings));
-  if (t.attention_bias) return bad("attention_bias", "= true: Qwen3-VL attention has no biases; qvl does not support them");
+  if (t.attention_bias)
+    return bad("attention_bias", "= true: Qwen3-VL attention has no biases; qvl does not support them");
   if (t.hidden_act != "silu") return bad("hidden_act", "= \"" + t.hidden_act + "\": qvl supports only \"silu\"");
   if (t.num_attention_heads % t.num_key_value_heads != 0)
-    return bad("num_attention_heads", "= " + std::to_string(t.num_attention_heads) +
-                                          " is not a multiple of num_key_value_heads = " +
-                                          std::to_string(t.num_key_value_heads));
+    return bad("num_attention_heads",
+               "= " + std::to_string(t.num_attention_heads) +
+                   " is not a multiple of num_key_value_heads = " + std::to_string(t.num_key_value_heads));
   if (t.head_dim % 2 != 0) return bad("head_dim", "= " + std::to_string(t.head_dim) + ": must be even for RoPE");
   if (!(t.rms_norm_eps > 0) || !std::isfinite(t.rms_norm_eps))
     return bad("rms_norm_eps", "= " + std::to_string(t.rms_norm_eps) + ": must be a positive number");
@@ -277,12 +278,14 @@ Status validate_text(const TextConfig& t, const TokenIds& ids) {
   // Interleaved layout: H takes frequencies 1, 4, ..., 3*s1-2 and W takes 2, 5, ..., 3*s2-1;
   // both runs must stay inside the head_dim/2 frequencies (Qwen3VLTextRotaryEmbedding).
   if ((s[1] > 0 && 3 * s[1] - 2 >= half) || (s[2] > 0 && 3 * s[2] - 1 >= half))
-    return bad("rope_scaling.mrope_section", "= " + sec + " does not fit the interleaved layout of " +
-                                                 std::to_string(half) + " frequencies");
-  const std::pair<const char*, int> token_fields[] = {
-      {"image_token_id", ids.image_token_id},         {"video_token_id", ids.video_token_id},
-      {"vision_start_token_id", ids.vision_start_token_id}, {"vision_end_token_id", ids.vision_end_token_id},
-      {"text_config.bos_token_id", ids.bos_token_id}, {"text_config.eos_token_id", ids.eos_token_id}};
+    return bad("rope_scaling.mrope_section",
+               "= " + sec + " does not fit the interleaved layout of " + std::to_string(half) + " frequencies");
+  const std::pair<const char*, int> token_fields[] = {{"image_token_id", ids.image_token_id},
+                                                      {"video_token_id", ids.video_token_id},
+                                                      {"vision_start_token_id", ids.vision_start_token_id},
+                                                      {"vision_end_token_id", ids.vision_end_token_id},
+                                                      {"text_config.bos_token_id", ids.bos_token_id},
+                                                      {"text_config.eos_token_id", ids.eos_token_id}};
   for (const auto& [name, id] : token_fields) {
     if (id < 0 || id >= t.vocab_size)
       return invalid_argument(std::string(name) + " = " + std::to_string(id) + " is outside vocab_size " +
@@ -295,26 +298,30 @@ Status validate_vision(const VisionConfig& v, const TextConfig& t) {
   auto bad = [](const std::string& field, const std::string& what) {
     return invalid_argument("vision_config." + field + " " + what);
   };
-  const std::pair<const char*, int> positives[] = {
-      {"depth", v.depth},           {"hidden_size", v.hidden_size},
-      {"intermediate_size", v.intermediate_size}, {"num_heads", v.num_heads},
-      {"out_hidden_size", v.out_hidden_size},     {"in_channels", v.in_channels},
-      {"patch_size", v.patch_size}, {"temporal_patch_size", v.temporal_patch_size},
-      {"spatial_merge_size", v.spatial_merge_size}, {"num_position_embeddings", v.num_position_embeddings}};
+  const std::pair<const char*, int> positives[] = {{"depth", v.depth},
+                                                   {"hidden_size", v.hidden_size},
+                                                   {"intermediate_size", v.intermediate_size},
+                                                   {"num_heads", v.num_heads},
+                                                   {"out_hidden_size", v.out_hidden_size},
+                                                   {"in_channels", v.in_channels},
+                                                   {"patch_size", v.patch_size},
+                                                   {"temporal_patch_size", v.temporal_patch_size},
+                                                   {"spatial_merge_size", v.spatial_merge_size},
+                                                   {"num_position_embeddings", v.num_position_embeddings}};
   for (const auto& [field, value] : positives)
     if (value <= 0) return bad(field, "= " + std::to_string(value) + ": must be positive");
   if (v.hidden_act != "gelu_pytorch_tanh")
     return bad("hidden_act", "= \"" + v.hidden_act + "\": qvl supports only \"gelu_pytorch_tanh\"");
   if (v.hidden_size % v.num_heads != 0)
-    return bad("hidden_size", "= " + std::to_string(v.hidden_size) + " is not a multiple of num_heads = " +
-                                  std::to_string(v.num_heads));
+    return bad("hidden_size", "= " + std::to_string(v.hidden_size) +
+                                  " is not a multiple of num_heads = " + std::to_string(v.num_heads));
   if (v.head_dim() % 4 != 0)
     return bad("hidden_size", "/ num_heads = " + std::to_string(v.head_dim()) +
                                   ": the 2-D vision RoPE needs a head size divisible by 4");
   int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
   if (side * side != v.num_position_embeddings)
-    return bad("num_position_embeddings", "= " + std::to_string(v.num_position_embeddings) +
-                                              " is not a square grid (n x n position embeddings)");
+    return bad("num_position_embeddings",
+               "= " + std::to_string(v.num_position_embeddings) + " is not a square grid (n x n position embeddings)");
   if (v.out_hidden_size != t.hidden_size)
     return bad("out_hidden_size", "= " + std::to_string(v.out_hidden_size) +
                                       " does not match text_config.hidden_size = " + std::to_string(t.hidden_size));
@@ -322,15 +329,15 @@ Status validate_vision(const VisionConfig& v, const TextConfig& t) {
   std::set<int> seen;
   for (int idx : v.deepstack_visual_indexes) {
     if (idx < 0 || idx >= v.depth)
-      return bad("deepstack_visual_indexes", "entry " + std::to_string(idx) + " is not a block of depth " +
-                                                 std::to_string(v.depth));
+      return bad("deepstack_visual_indexes",
+                 "entry " + std::to_string(idx) + " is not a block of depth " + std::to_string(v.depth));
     if (!seen.insert(idx).second)
       return bad("deepstack_visual_indexes", "lists block " + std::to_string(idx) + " twice");
   }
   if (static_cast<int>(v.deepstack_visual_indexes.size()) > t.num_hidden_layers)
     return bad("deepstack_visual_indexes", "has " + std::to_string(v.deepstack_visual_indexes.size()) +
-                                               " entries but the decoder only " +
-                                               std::to_string(t.num_hidden_layers) + " layers to add them to");
+                                               " entries but the decoder only " + std::to_string(t.num_hidden_layers) +
+                                               " layers to add them to");
   return Status::ok();
 }
 
@@ -360,18 +367,18 @@ Status validate_model_config(const ModelConfig& c) {
   const PreprocessorConfig& p = c.preprocessor;
   if (p.patch_size != c.vision.patch_size || p.temporal_patch_size != c.vision.temporal_patch_size ||
       p.merge_size != c.vision.spatial_merge_size)
-    return invalid_argument("preprocessor_config patch_size/temporal_patch_size/merge_size = " +
-                            std::to_string(p.patch_size) + "/" + std::to_string(p.temporal_patch_size) + "/" +
-                            std::to_string(p.merge_size) + " do not match vision_config " +
-                            std::to_string(c.vision.patch_size) + "/" + std::to_string(c.vision.temporal_patch_size) +
-                            "/" + std::to_string(c.vision.spatial_merge_size));
+    return invalid_argument(
+        "preprocessor_config patch_size/temporal_patch_size/merge_size = " + std::to_string(p.patch_size) + "/" +
+        std::to_string(p.temporal_patch_size) + "/" + std::to_string(p.merge_size) + " do not match vision_config " +
+        std::to_string(c.vision.patch_size) + "/" + std::to_string(c.vision.temporal_patch_size) + "/" +
+        std::to_string(c.vision.spatial_merge_size));
   if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels)
     return invalid_argument("preprocessor_config size.shortest_edge / longest_edge = " + std::to_string(p.min_pixels) +
                             " / " + std::to_string(p.max_pixels) + ": need 0 < min_pixels <= max_pixels");
   for (int i = 0; i < 3; ++i)
     if (!(p.image_std[i] > 0))
-      return invalid_argument("preprocessor_config image_std[" + std::to_string(i) + "] = " +
-                              std::to_string(p.image_std[i]) + ": must be positive");
+      return invalid_argument("preprocessor_config image_std[" + std::to_string(i) +
+                              "] = " + std::to_string(p.image_std[i]) + ": must be positive");
   return Status::ok();
 }
 
@@ -430,8 +437,7 @@ GenerationDefaults default_generation_config(int config_eos) {
   return g;
 }
 
-Result<GenerationDefaults> parse_generation_config(const std::string& text, const std::string& source,
-                                                   int config_eos) {
+Result<GenerationDefaults> parse_generation_config(const std::string& text, const std::string& source, int config_eos) {
   QVL_ASSIGN_OR_RETURN(json j, parse_json_object(text, source));
   Fields f(j, source, "");
   GenerationDefaults g = default_generation_config(config_eos);

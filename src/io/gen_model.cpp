@@ -41,7 +41,9 @@ uint64_t fnv1a(const std::string& s) {
 
 // Keyed by the tensor's name, not its position, so the BF16 and FP8 checkpoints of a seed
 // (and tied / untied variants) share every common tensor's values.
-uint64_t tensor_key(uint64_t seed, const std::string& name) { return mix64(seed ^ mix64(fnv1a(name))); }
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  return mix64(seed ^ mix64(fnv1a(name)));
+}
 
 // A signed 16-bit integer in [-32768, 32767], uniform.
 inline int32_t random16(uint64_t key, int64_t index) {
@@ -58,7 +60,9 @@ struct ValueRule {
 };
 
 // Uniform on (offset - half_width, offset + half_width).
-ValueRule uniform(float half_width, float offset = 0.0f) { return {round_to_bf16(half_width / 32768.0f), offset}; }
+ValueRule uniform(float half_width, float offset = 0.0f) {
+  return {round_to_bf16(half_width / 32768.0f), offset};
+}
 
 bool ends_with(const std::string& s, const char* suffix) {
   size_t n = std::strlen(suffix);
@@ -98,7 +102,9 @@ ValueRule value_rule(const TensorSpec& spec) {
 inline bf16_bits make_bits(uint64_t key, int64_t index, const ValueRule& r) {
   return float_to_bf16(static_cast<float>(random16(key, index)) * r.step + r.offset);
 }
-inline float make_value(uint64_t key, int64_t index, const ValueRule& r) { return bf16_to_float(make_bits(key, index, r)); }
+inline float make_value(uint64_t key, int64_t index, const ValueRule& r) {
+  return bf16_to_float(make_bits(key, index, r));
+}
 
 // float -> e4m3fn, round to nearest even, saturating at +-448: the same result as
 // core's fp8_e4m3_from_float for every finite input (the gen-model test checks every FP8 byte
@@ -263,7 +269,8 @@ Status run_item(const WorkItem& it, int block, uint64_t seed, const OutFile& fil
       const int size = dtype_size(s.dtype);
       out.resize(static_cast<size_t>(nb * size));
       for (int64_t b = 0; b < nb; ++b) store(s.dtype, scales[b], &out[b * size]);
-      QVL_RETURN_IF_ERROR(file.write_at(out.data(), out.size(), it.file_offset + static_cast<uint64_t>(rb * nb * size)));
+      QVL_RETURN_IF_ERROR(
+          file.write_at(out.data(), out.size(), it.file_offset + static_cast<uint64_t>(rb * nb * size)));
     }
   }
   return Status::ok();

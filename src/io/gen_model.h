@@ -26,9 +26,9 @@ namespace qvl {
 struct GenModelOptions {
   uint64_t seed = 0;
   uint64_t max_shard_bytes = 5000000000ull;  // as the official checkpoints ("5GB")
-  std::string tokenizer_dir;       // copies tokenizer.json + tokenizer_config.json ("" = skip)
-  std::string chat_template_path;  // copies to chat_template.json when the file exists
-  int num_threads = 0;             // 0 = OpenMP default
+  std::string tokenizer_dir;                 // copies tokenizer.json + tokenizer_config.json ("" = skip)
+  std::string chat_template_path;            // copies to chat_template.json when the file exists
+  int num_threads = 0;                       // 0 = OpenMP default
 };
 
 // Shard limit gen-model uses for the tiny presets, small enough for >= 2 shards.

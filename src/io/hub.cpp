@@ -80,7 +80,9 @@ Result<ResolvedModel> resolve_builtin(const std::string& name, const ModelSearch
 
 }  // namespace
 
-bool is_builtin_model(const std::string& name) { return is_tiny_preset(name); }
+bool is_builtin_model(const std::string& name) {
+  return is_tiny_preset(name);
+}
 
 std::string builtin_model_dir(const std::string& cache_dir, const std::string& name) {
   return (fs::path(cache_dir) / "qvl" / "builtin" / (name + "-" + kBuiltinVersion)).string();
@@ -88,13 +90,14 @@ std::string builtin_model_dir(const std::string& cache_dir, const std::string& n
 
 Result<std::string> resolve_hub_snapshot(const std::string& hub_dir, const std::string& repo_id,
                                          const std::string& revision) {
-  const std::string slug = "models--" + repo_id.substr(0, repo_id.find('/')) + "--" + repo_id.substr(repo_id.find('/') + 1);
+  const std::string slug =
+      "models--" + repo_id.substr(0, repo_id.find('/')) + "--" + repo_id.substr(repo_id.find('/') + 1);
   const fs::path repo = fs::path(hub_dir) / slug;
-  const std::string how = "download it with `huggingface-cli download " + repo_id +
-                          "` (or set HF_HOME to the cache that holds it)";
+  const std::string how =
+      "download it with `huggingface-cli download " + repo_id + "` (or set HF_HOME to the cache that holds it)";
   if (!path_exists(repo))
-    return not_found("model '" + repo_id + "' not found: no local directory '" + repo_id + "' and no " +
-                     repo.string() + " in the hub cache; " + how);
+    return not_found("model '" + repo_id + "' not found: no local directory '" + repo_id + "' and no " + repo.string() +
+                     " in the hub cache; " + how);
   if (revision.empty() || revision.find("..") != std::string::npos)
     return invalid_argument("--revision '" + revision + "' is not a branch, tag or snapshot name");
   const fs::path ref = repo / "refs" / revision;

@@ -19,11 +19,11 @@
 namespace qvl {
 
 struct ModelSearch {
-  std::string hub_dir;              // the Hugging Face hub cache
-  std::string revision = "main";    // branch/tag under refs/, or a snapshot hash
-  std::string cache_dir;            // parent of qvl/builtin/
-  std::string tokenizer_dir;        // tokenizer.json + tokenizer_config.json for built-ins ("" = none)
-  std::string chat_template_path;   // chat_template.json for built-ins ("" or missing = none)
+  std::string hub_dir;             // the Hugging Face hub cache
+  std::string revision = "main";   // branch/tag under refs/, or a snapshot hash
+  std::string cache_dir;           // parent of qvl/builtin/
+  std::string tokenizer_dir;       // tokenizer.json + tokenizer_config.json for built-ins ("" = none)
+  std::string chat_template_path;  // chat_template.json for built-ins ("" or missing = none)
 };
 
 enum class ModelOrigin : uint8_t { kLocal, kBuiltin, kHub };

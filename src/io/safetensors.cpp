@@ -37,14 +37,14 @@ bool read_unsigned(const json& v, uint64_t max, uint64_t* out) {
 }
 
 Status parse_entry(const std::string& file_name, const std::string& name, const json& v, SafetensorsEntry* e) {
-  auto bad = [&](const std::string& what) {
-    return data_loss(file_name + ": tensor '" + name + "': " + what);
-  };
+  auto bad = [&](const std::string& what) { return data_loss(file_name + ": tensor '" + name + "': " + what); };
   if (!v.is_object()) return bad("header entry is not a JSON object");
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) return bad("missing or non-string \"dtype\"");
   auto dtype = dtype_from_name(dt->get_ref<const std::string&>());
-  if (!dtype) return bad("unsupported dtype \"" + dt->get<std::string>() + "\" (qvl reads F32, F16, BF16, F8_E4M3, I64, I32, U8, BOOL)");
+  if (!dtype)
+    return bad("unsupported dtype \"" + dt->get<std::string>() +
+               "\" (qvl reads F32, F16, BF16, F8_E4M3, I64, I32, U8, BOOL)");
   e->name = name;
   e->dtype = *dtype;
 
@@ -91,7 +91,9 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
-std::string SafetensorsEntry::describe() const { return describe_dtype_shape(dtype, shape); }
+std::string SafetensorsEntry::describe() const {
+  return describe_dtype_shape(dtype, shape);
+}
 
 std::string describe_dtype_shape(DType dtype, const std::vector<int64_t>& shape) {
   return std::string(dtype_name(dtype)) + " " + shape_string(shape);

@@ -48,8 +48,8 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N
-  uint64_t data_offset = 0;   // 8 + N: where the data region starts in the file
+  uint64_t header_bytes = 0;              // N
+  uint64_t data_offset = 0;               // 8 + N: where the data region starts in the file
   std::vector<SafetensorsEntry> tensors;  // in data-offset order
   std::map<std::string, std::string> metadata;
 };

@@ -11,9 +11,7 @@ class Loader {
   Loader(Backend& backend, ModelWeights* out) : backend_(backend), out_(out) {}
 
   // Norm weights and LayerNorm biases: F32 on the device.
-  Status f32(const Tensor& host, const std::string& what, Tensor* dst) {
-    return load(host, DType::kF32, what, dst);
-  }
+  Status f32(const Tensor& host, const std::string& what, Tensor* dst) { return load(host, DType::kF32, what, dst); }
   // Embedding tables: their own dtype.
   Status same(const Tensor& host, const std::string& what, Tensor* dst) { return load(host, host.dtype, what, dst); }
 
@@ -42,9 +40,14 @@ class Loader {
     auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(t.numel()));
     for (int64_t i = 0; i < t.numel(); ++i) {
       switch (t.dtype) {
-        case DType::kBF16: (*buf)[i] = bf16_to_float(t.as<const bf16_bits>()[i]); break;
-        case DType::kF16: (*buf)[i] = f16_to_float(t.as<const uint16_t>()[i]); break;
-        default: QVL_CHECK(false) << "bias of dtype " << dtype_name(t.dtype);
+        case DType::kBF16:
+          (*buf)[i] = bf16_to_float(t.as<const bf16_bits>()[i]);
+          break;
+        case DType::kF16:
+          (*buf)[i] = f16_to_float(t.as<const uint16_t>()[i]);
+          break;
+        default:
+          QVL_CHECK(false) << "bias of dtype " << dtype_name(t.dtype);
       }
     }
     Tensor f = t;
@@ -98,7 +101,8 @@ Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host) {
   QVL_RETURN_IF_ERROR(merger(hv.merger, "vision.merger", &v.merger));
   v.deepstack_mergers.resize(hv.deepstack_mergers.size());
   for (size_t k = 0; k < hv.deepstack_mergers.size(); ++k)
-    QVL_RETURN_IF_ERROR(merger(hv.deepstack_mergers[k], idx("vision.deepstack_merger.", k, ""), &v.deepstack_mergers[k]));
+    QVL_RETURN_IF_ERROR(
+        merger(hv.deepstack_mergers[k], idx("vision.deepstack_merger.", k, ""), &v.deepstack_mergers[k]));
 
   const TextWeights& ht = host.text;
   TextWeights& t = out.text;
@@ -108,8 +112,8 @@ Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host) {
     const DecoderLayerWeights& h = ht.layers[l];
     DecoderLayerWeights& d = t.layers[l];
     QVL_RETURN_IF_ERROR(L.f32(h.input_norm, idx("text.layers.", l, ".input_norm"), &d.input_norm));
-    QVL_RETURN_IF_ERROR(L.f32(h.post_attention_norm, idx("text.layers.", l, ".post_attention_norm"),
-                              &d.post_attention_norm));
+    QVL_RETURN_IF_ERROR(
+        L.f32(h.post_attention_norm, idx("text.layers.", l, ".post_attention_norm"), &d.post_attention_norm));
     QVL_RETURN_IF_ERROR(L.f32(h.q_norm, idx("text.layers.", l, ".q_norm"), &d.q_norm));
     QVL_RETURN_IF_ERROR(L.f32(h.k_norm, idx("text.layers.", l, ".k_norm"), &d.k_norm));
     QVL_RETURN_IF_ERROR(L.linear(h.qkv, idx("text.layers.", l, ".qkv"), &d.qkv));

@@ -56,7 +56,9 @@ const std::vector<std::string>& preset_names() {
   return names;
 }
 
-bool is_tiny_preset(const std::string& name) { return name == "tiny" || name == "tiny-untied" || name == "tiny-fp8"; }
+bool is_tiny_preset(const std::string& name) {
+  return name == "tiny" || name == "tiny-untied" || name == "tiny-fp8";
+}
 
 void make_fp8(ModelConfig* c) {
   c->quant.fp8 = true;

@@ -35,10 +35,14 @@ class SpecBuilder {
 
 const char* weight_part_name(WeightPart part) {
   switch (part) {
-    case WeightPart::kVision: return "vision tower";
-    case WeightPart::kText: return "text decoder";
-    case WeightPart::kEmbedding: return "embeddings";
-    case WeightPart::kLmHead: return "lm_head";
+    case WeightPart::kVision:
+      return "vision tower";
+    case WeightPart::kText:
+      return "text decoder";
+    case WeightPart::kEmbedding:
+      return "embeddings";
+    case WeightPart::kLmHead:
+      return "lm_head";
   }
   return "?";
 }

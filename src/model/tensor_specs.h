@@ -52,6 +52,8 @@ bool is_fp8_linear(const QuantConfig& quant, const std::string& module);
 std::vector<std::string> official_fp8_skip_modules(const ModelConfig& config);
 
 // Elements of a [rows, cols] weight's scale grid: ceil(rows / block) x ceil(cols / block).
-inline int64_t fp8_scale_blocks(int64_t n, int block) { return (n + block - 1) / block; }
+inline int64_t fp8_scale_blocks(int64_t n, int block) {
+  return (n + block - 1) / block;
+}
 
 }  // namespace qvl

@@ -1,10 +1,11 @@
 // Weight binding (model/bind.h) on generated tiny checkpoints: the typed tree's shapes and
 // formats, tied vs untied lm_head, FP8 detection, and every problem reported together.
+#include "model/bind.h"
+
 #include <gtest/gtest.h>
 
 #include "io/checkpoint.h"
 #include "io/config.h"
-#include "model/bind.h"
 #include "unit/io_test_util.h"
 
 namespace qvl {
@@ -121,9 +122,9 @@ TEST(Bind, Fp8WeightNeedsScaleAndQuantConfig) {
   test::spit(dir + "/model.safetensors.index.json", index.dump());
   auto w = bind_dir(dir);
   ASSERT_FALSE(w.is_ok());
-  EXPECT_CONTAINS(w.status().message(),
-                  scale + ": missing (expected F32 or BF16 [3, 2] for the F8_E4M3 "
-                          "model.language_model.layers.0.mlp.up_proj.weight)");
+  EXPECT_CONTAINS(w.status().message(), scale +
+                                            ": missing (expected F32 or BF16 [3, 2] for the F8_E4M3 "
+                                            "model.language_model.layers.0.mlp.up_proj.weight)");
 
   auto cfg = nlohmann::json::parse(test::slurp(dir + "/config.json"));
   cfg.erase("quantization_config");

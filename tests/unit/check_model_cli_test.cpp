@@ -18,7 +18,9 @@ namespace fs = std::filesystem;
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << "stderr: " << (haystack)
 
-test::CommandResult qvl(const std::string& args) { return test::run_command(test::qvl_binary() + " " + args); }
+test::CommandResult qvl(const std::string& args) {
+  return test::run_command(test::qvl_binary() + " " + args);
+}
 
 // A crash would show as a signal (exit_code -1) or the internal-error code 70.
 void expect_clean_failure(const test::CommandResult& r) {
@@ -75,7 +77,8 @@ TEST(CheckModelCli, BuiltinNameResolvesThroughTheCache) {
 }
 
 TEST(CheckModelCli, SameSeedSameBytes) {
-  std::string a = test::scratch_dir("cli_det_a"), b = test::scratch_dir("cli_det_b"), c = test::scratch_dir("cli_det_c");
+  std::string a = test::scratch_dir("cli_det_a"), b = test::scratch_dir("cli_det_b"),
+              c = test::scratch_dir("cli_det_c");
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 11 --threads 1 --out " + a).exit_code, 0);
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 11 --threads 2 --out " + b).exit_code, 0);
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 12 --out " + c).exit_code, 0);

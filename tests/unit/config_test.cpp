@@ -1,10 +1,11 @@
 // config.json / generation_config.json / preprocessor_config.json parsing (io/config.h).
 // The base text is the verbatim 8B config.json of spec §1.1.
+#include "io/config.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "io/config.h"
 #include "model/presets.h"
 
 namespace qvl {
@@ -12,7 +13,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* k8bConfig = R"({"architectures":["Qwen3VLForConditionalGeneration"],"image_token_id":151655,"model_type":"qwen3_vl",
+const char* k8bConfig =
+    R"({"architectures":["Qwen3VLForConditionalGeneration"],"image_token_id":151655,"model_type":"qwen3_vl",
  "text_config":{"attention_bias":false,"attention_dropout":0.0,"bos_token_id":151643,"dtype":"bfloat16",
   "eos_token_id":151645,"head_dim":128,"hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,
   "intermediate_size":12288,"max_position_embeddings":262144,"model_type":"qwen3_vl_text",
@@ -64,7 +66,9 @@ TEST(Config, ParsesV5RopeParametersWithThetaInside) {
   auto& t = j["text_config"];
   t.erase("rope_scaling");
   t.erase("rope_theta");
-  t["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}, {"mrope_section", {22, 21, 21}},
+  t["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", 1000000.0},
+                          {"mrope_section", {22, 21, 21}},
                           {"mrope_interleaved", true}};
   auto r = parse_model_config(j.dump(), "c");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -129,7 +133,9 @@ TEST(Config, ErrorsNameTheFieldAndValue) {
                   "/m/config.json: text_config.attention_bias = true");
   EXPECT_CONTAINS(error_after([](json& j) { j["text_config"]["hidden_act"] = "gelu"; }),
                   "text_config.hidden_act = \"gelu\"");
-  EXPECT_CONTAINS(error_after([](json& j) { j["text_config"]["rope_scaling"]["mrope_section"] = {24, 20, 16}; }),
+  EXPECT_CONTAINS(error_after([](json& j) {
+                    j["text_config"]["rope_scaling"]["mrope_section"] = {24, 20, 16};
+                  }),
                   "mrope_section = [24, 20, 16] does not sum to head_dim / 2 = 64");
   EXPECT_CONTAINS(error_after([](json& j) { j["vision_config"]["num_position_embeddings"] = 2300; }),
                   "vision_config.num_position_embeddings = 2300 is not a square grid");
@@ -144,23 +150,28 @@ TEST(Config, ErrorsNameTheFieldAndValue) {
                   "text_config.rope_scaling.rope_type = \"yarn\"");
   EXPECT_CONTAINS(error_after([](json& j) { j["vision_config"]["out_hidden_size"] = 2048; }),
                   "vision_config.out_hidden_size = 2048 does not match text_config.hidden_size = 4096");
-  EXPECT_CONTAINS(error_after([](json& j) { j["vision_config"]["deepstack_visual_indexes"] = {8, 30}; }),
+  EXPECT_CONTAINS(error_after([](json& j) {
+                    j["vision_config"]["deepstack_visual_indexes"] = {8, 30};
+                  }),
                   "vision_config.deepstack_visual_indexes entry 30 is not a block of depth 27");
   EXPECT_CONTAINS(error_after([](json& j) { j["image_token_id"] = 200000; }),
                   "image_token_id = 200000 is outside vocab_size 151936");
-  EXPECT_CONTAINS(error_after([](json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; }),
-                  "quantization_config.quant_method = \"awq\"");
   EXPECT_CONTAINS(error_after([](json& j) {
-                    j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}};
+                    j["quantization_config"] = {{"quant_method", "awq"}};
                   }),
-                  "quantization_config.fmt = \"e5m2\"");
+                  "quantization_config.quant_method = \"awq\"");
+  EXPECT_CONTAINS(
+      error_after([](json& j) {
+        j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}};
+      }),
+      "quantization_config.fmt = \"e5m2\"");
   EXPECT_CONTAINS(error_after([](json& j) {
                     j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 64}}};
                   }),
                   "quantization_config.weight_block_size = [128, 64]");
   EXPECT_CONTAINS(error_after([](json& j) {
-                    j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"},
-                                                {"weight_block_size", {128, 128}}};
+                    j["quantization_config"] = {
+                        {"quant_method", "fp8"}, {"activation_scheme", "static"}, {"weight_block_size", {128, 128}}};
                   }),
                   "quantization_config.activation_scheme = \"static\"");
   EXPECT_CONTAINS(error_after([](json& j) { j.erase("text_config"); }), "text_config is missing");

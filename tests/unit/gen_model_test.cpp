@@ -18,17 +18,18 @@ namespace fs = std::filesystem;
 
 std::map<std::string, std::string> all_files(const std::string& dir) {
   std::map<std::string, std::string> files;
-  for (const auto& e : fs::directory_iterator(dir)) files[e.path().filename().string()] = test::slurp(e.path().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    files[e.path().filename().string()] = test::slurp(e.path().string());
   return files;
 }
 
 TEST(GenModel, WritesTheOfficialFileSet) {
   const std::string& dir = test::shared_preset("tiny");
   ASSERT_FALSE(dir.empty());
-  for (const char* f : {"config.json", "generation_config.json", "preprocessor_config.json",
-                        "video_preprocessor_config.json", "model.safetensors.index.json",
-                        "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                        "model-00003-of-00003.safetensors"})
+  for (const char* f :
+       {"config.json", "generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+        "model.safetensors.index.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors"})
     EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
   auto config = load_model_config(dir);
   ASSERT_TRUE(config.is_ok()) << config.status().to_string();

@@ -1,10 +1,11 @@
 // Model name resolution (io/hub.h) on a fake Hugging Face cache built in a scratch directory,
 // and the built-in tiny models generated on first use.
+#include "io/hub.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "io/hub.h"
 #include "unit/io_test_util.h"
 
 namespace qvl {
@@ -56,8 +57,8 @@ TEST(Hub, MissesSayWhereAndHow) {
   s.revision = "v2";
   m = resolve_model("Qwen/Qwen3-VL-2B-Instruct", s);
   ASSERT_FALSE(m.is_ok());
-  EXPECT_CONTAINS(m.status().message(), "revision 'v2' not found: looked for " + s.hub_dir +
-                                            "/models--Qwen--Qwen3-VL-2B-Instruct/refs/v2");
+  EXPECT_CONTAINS(m.status().message(),
+                  "revision 'v2' not found: looked for " + s.hub_dir + "/models--Qwen--Qwen3-VL-2B-Instruct/refs/v2");
   m = resolve_model("not a model", s);
   ASSERT_FALSE(m.is_ok());
   EXPECT_CONTAINS(m.status().message(), "model 'not a model' not found: not a local directory, not a built-in");

@@ -53,7 +53,8 @@ inline const std::string& shared_preset(const std::string& preset) {
 
 inline std::string copy_of(const std::string& dir, const std::string& name) {
   std::string out = scratch_dir(name);
-  std::filesystem::copy(dir, out, std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(dir, out,
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   return out;
 }
 

@@ -1,12 +1,13 @@
 // load_weights (model/load.h): the host tree of a generated checkpoint on the CPU backend —
 // norms and biases become F32, embeddings keep BF16, FP8 Linears keep FP8, a tied lm_head is
 // the loaded embedding — and a backend failure names the tensor it was loading.
+#include "model/load.h"
+
 #include <gtest/gtest.h>
 
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "model/bind.h"
-#include "model/load.h"
 #include "unit/io_test_util.h"
 
 namespace qvl {
@@ -123,7 +124,8 @@ TEST(Load, BackendErrorsNameTheTensor) {
   auto w = load_weights(failing, b.host);
   ASSERT_FALSE(w.is_ok());
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(w.status().message(), "loading vision.blocks.1.attn.qkv on failing: out of device memory (12 MiB asked, 3 MiB free)");
+  EXPECT_EQ(w.status().message(),
+            "loading vision.blocks.1.attn.qkv on failing: out of device memory (12 MiB asked, 3 MiB free)");
 }
 
 }  // namespace

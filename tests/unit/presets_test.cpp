@@ -1,11 +1,12 @@
 // Presets (model/presets.h) and the official tensor list (model/tensor_specs.h), checked
 // against the numbers in the spec: §1.1 shapes, §1.3 FP8 scale grids, §2 8B totals.
+#include "model/presets.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "io/config.h"
-#include "model/presets.h"
 #include "model/tensor_specs.h"
 
 namespace qvl {
@@ -82,25 +83,38 @@ TEST(TensorSpecs, TiedHasNoLmHead) {
 TEST(TensorSpecs, Fp8ScaleGridsMatchTheOfficialCheckpoints) {
   struct Case {
     const char* preset;
-    std::map<std::string, std::vector<int64_t>> scales;
+    std::map<std::string, std::vector<int64_t>> scales;  // module under layers.N -> grid
   };
   const Case cases[] = {
-      {"8b", {{"q_proj", {32, 32}}, {"k_proj", {8, 32}}, {"v_proj", {8, 32}}, {"o_proj", {32, 32}},
-              {"gate_proj", {96, 32}}, {"up_proj", {96, 32}}, {"down_proj", {32, 96}}}},
-      {"4b", {{"q_proj", {32, 20}}, {"k_proj", {8, 20}}, {"v_proj", {8, 20}}, {"o_proj", {20, 32}},
-              {"gate_proj", {76, 20}}, {"up_proj", {76, 20}}, {"down_proj", {20, 76}}}},
-      {"2b", {{"q_proj", {16, 16}}, {"k_proj", {8, 16}}, {"v_proj", {8, 16}}, {"o_proj", {16, 16}},
-              {"gate_proj", {48, 16}}, {"up_proj", {48, 16}}, {"down_proj", {16, 48}}}},
+      {"8b",
+       {{"self_attn.q_proj", {32, 32}},
+        {"self_attn.k_proj", {8, 32}},
+        {"self_attn.v_proj", {8, 32}},
+        {"self_attn.o_proj", {32, 32}},
+        {"mlp.gate_proj", {96, 32}},
+        {"mlp.up_proj", {96, 32}},
+        {"mlp.down_proj", {32, 96}}}},
+      {"4b",
+       {{"self_attn.q_proj", {32, 20}},
+        {"self_attn.k_proj", {8, 20}},
+        {"self_attn.v_proj", {8, 20}},
+        {"self_attn.o_proj", {20, 32}},
+        {"mlp.gate_proj", {76, 20}},
+        {"mlp.up_proj", {76, 20}},
+        {"mlp.down_proj", {20, 76}}}},
+      {"2b",
+       {{"self_attn.q_proj", {16, 16}},
+        {"self_attn.k_proj", {8, 16}},
+        {"self_attn.v_proj", {8, 16}},
+        {"self_attn.o_proj", {16, 16}},
+        {"mlp.gate_proj", {48, 16}},
+        {"mlp.up_proj", {48, 16}},
+        {"mlp.down_proj", {16, 48}}}},
   };
   for (const auto& cs : cases) {
     auto m = by_name(*preset_config(cs.preset, /*fp8=*/true));
     for (const auto& [proj, grid] : cs.scales) {
-      const std::string mod = std::string("model.language_model.layers.3.") +
-                              (proj.find("proj") == 1 || proj[0] == 'q' || proj[0] == 'k' || proj[0] == 'v' ||
-                                       proj[0] == 'o'
-                                   ? "self_attn."
-                                   : "mlp.") +
-                              proj;
+      const std::string mod = "model.language_model.layers.3." + proj;
       ASSERT_TRUE(m.count(mod + ".weight_scale_inv")) << cs.preset << " " << mod;
       EXPECT_EQ(m.at(mod + ".weight_scale_inv").shape, grid) << cs.preset << " " << mod;
       EXPECT_EQ(m.at(mod + ".weight_scale_inv").dtype, kFp8ScaleDType);
@@ -122,7 +136,7 @@ TEST(TensorSpecs, SkipListMatchesPrefixOrSuffixLikeTransformers) {
   QuantConfig q;
   q.fp8 = true;
   q.modules_to_not_convert = {"model.visual", "down_proj"};
-  EXPECT_FALSE(is_fp8_linear(q, "model.visual.blocks.3.attn.qkv"));      // prefix
+  EXPECT_FALSE(is_fp8_linear(q, "model.visual.blocks.3.attn.qkv"));               // prefix
   EXPECT_FALSE(is_fp8_linear(q, "model.language_model.layers.0.mlp.down_proj"));  // suffix
   EXPECT_TRUE(is_fp8_linear(q, "model.language_model.layers.0.mlp.up_proj"));
   EXPECT_FALSE(is_fp8_linear(q, "lm_head"));  // never quantized

@@ -1,5 +1,7 @@
 // safetensors header validation and sharded checkpoints (io/safetensors.h, io/checkpoint.h).
 // Files are built in memory from a JSON header so every validation rule is hit by name.
+#include "io/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,7 +9,6 @@
 #include <fstream>
 
 #include "io/checkpoint.h"
-#include "io/safetensors.h"
 #include "support/test_support.h"
 
 namespace qvl {
@@ -94,8 +95,8 @@ TEST(Safetensors, RejectsBadTensorEntries) {
                   "tensor 'w': F32 [2, 3] needs 24 bytes but data_offsets [0, 20] span 20");
   EXPECT_CONTAINS(parse_error(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[8,4]}})", 8), "end before they begin");
   // 2^62 * 4 elements overflows 64 bits.
-  EXPECT_CONTAINS(
-      parse_error(R"({"w":{"dtype":"U8","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4), "overflows");
+  EXPECT_CONTAINS(parse_error(R"({"w":{"dtype":"U8","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4),
+                  "overflows");
   EXPECT_CONTAINS(parse_error(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0]}})", 4),
                   "\"data_offsets\" must be an array of two integers");
 }
@@ -169,8 +170,9 @@ TEST(Checkpoint, OpensShardsThroughIndex) {
   std::string dir = test::scratch_dir("ckpt_shards");
   write_bytes(dir + "/s1.safetensors", shard({"a", "b"}));
   write_bytes(dir + "/s2.safetensors", shard({"c"}));
-  write_text(dir + "/model.safetensors.index.json",
-             R"({"metadata":{"total_size":12},"weight_map":{"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors"}})");
+  write_text(
+      dir + "/model.safetensors.index.json",
+      R"({"metadata":{"total_size":12},"weight_map":{"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors"}})");
   auto ck = Checkpoint::open(dir);
   ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
   EXPECT_EQ(ck->tensors().size(), 3u);
@@ -198,7 +200,8 @@ TEST(Checkpoint, ReportsIndexProblemsByFileAndTensor) {
   write_text(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"s9.safetensors"}})");
   ck = Checkpoint::open(dir);
   ASSERT_FALSE(ck.is_ok());
-  EXPECT_CONTAINS(ck.status().message(), "s9.safetensors: shard listed in model.safetensors.index.json (for tensor 'a')");
+  EXPECT_CONTAINS(ck.status().message(),
+                  "s9.safetensors: shard listed in model.safetensors.index.json (for tensor 'a')");
 
   std::string empty = test::scratch_dir("ckpt_empty");
   ck = Checkpoint::open(empty);
