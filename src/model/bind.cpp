@@ -54,12 +54,12 @@ class Binder {
     const std::vector<int64_t> grid{fp8_scale_blocks(spec.shape[0], b), fp8_scale_blocks(spec.shape[1], b)};
     const CheckpointTensor* s = ck_.find(sname);
     if (!s) {
-      problems_.push_back(sname + ": missing (expected F32 or BF16 " + shape_string(grid) + " for the F8_E4M3 " +
+      problems_.push_back(sname + ": missing (expected F32, BF16 or F16 " + shape_string(grid) + " for the F8_E4M3 " +
                           wname + ")");
       return {};
     }
-    if ((s->dtype() != DType::kF32 && s->dtype() != DType::kBF16) || s->shape() != grid)
-      return mismatch(*s, "F32 or BF16 " + shape_string(grid)), LinearPart{};
+    if ((s->dtype() != DType::kF32 && s->dtype() != DType::kBF16 && s->dtype() != DType::kF16) || s->shape() != grid)
+      return mismatch(*s, "F32, BF16 or F16 " + shape_string(grid)), LinearPart{};
     ++report_.fp8_linears;
     return {w->view(), s->view()};
   }

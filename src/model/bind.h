@@ -5,7 +5,9 @@
 //     collected and returned together, one line per tensor, e.g.
 //     "model.language_model.layers.3.mlp.up_proj.weight: missing (expected BF16 [128, 64])";
 //   - a Linear is block-FP8 iff its weight is F8_E4M3 and `<module>.weight_scale_inv` exists
-//     ([ceil(out/B), ceil(in/B)], F32 or BF16, B = quantization_config.weight_block_size);
+//     ([ceil(out/B), ceil(in/B)], B = quantization_config.weight_block_size; F32, BF16 or
+//     F16: the official Qwen FP8 checkpoints store BF16 scales, some (Qwen3-4B-Instruct-2507-FP8)
+//     F16, and transformers' own quantizer writes F32; backends convert them at load);
 //     an F8_E4M3 weight needs a quantization_config and its scale; a BF16 weight is accepted
 //     for any Linear (the checkpoint, not the config, decides, as in transformers);
 //   - q/k/v and gate/up stay separate LinearParts (the backend may merge them);

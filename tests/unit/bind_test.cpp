@@ -113,6 +113,16 @@ TEST(Bind, Fp8LinearsCarryTheirScales) {
   EXPECT_EQ(report.fp8_linears, 2 * 7);
 }
 
+TEST(Bind, Fp8ScalesMayBeF16) {
+  // Some official Qwen FP8 checkpoints store F16 scales; same bytes as BF16, other dtype.
+  std::string dir = test::copy_of(test::shared_preset("tiny-fp8"), "bind_fp8_f16");
+  const std::string scale = "model.language_model.layers.1.self_attn.o_proj.weight_scale_inv";
+  test::edit_header(test::shard_of(dir, scale), [&](nlohmann::json& h) { h[scale]["dtype"] = "F16"; });
+  auto w = bind_dir(dir);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_EQ(w->text.layers[1].o.parts[0].scale_inv.dtype, DType::kF16);
+}
+
 TEST(Bind, Fp8WeightNeedsScaleAndQuantConfig) {
   std::string dir = test::copy_of(test::shared_preset("tiny-fp8"), "bind_fp8_bad");
   const std::string scale = "model.language_model.layers.0.mlp.up_proj.weight_scale_inv";
@@ -123,7 +133,7 @@ TEST(Bind, Fp8WeightNeedsScaleAndQuantConfig) {
   auto w = bind_dir(dir);
   ASSERT_FALSE(w.is_ok());
   EXPECT_CONTAINS(w.status().message(), scale +
-                                            ": missing (expected F32 or BF16 [3, 2] for the F8_E4M3 "
+                                            ": missing (expected F32, BF16 or F16 [3, 2] for the F8_E4M3 "
                                             "model.language_model.layers.0.mlp.up_proj.weight)");
 
   auto cfg = nlohmann::json::parse(test::slurp(dir + "/config.json"));
