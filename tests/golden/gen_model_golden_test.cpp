@@ -74,7 +74,6 @@ TEST(GenModelGolden, SameBytesAsOnTheGpuMachine) {
       EXPECT_EQ(hex, info["crc32"].get<std::string>()) << preset << " " << name;
       ++compared;
     }
-    std::filesystem::remove_all(dir);
   }
   EXPECT_GT(compared, 0) << "the fixture has no tiny checkpoint digests";
 }

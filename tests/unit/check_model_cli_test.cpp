@@ -28,7 +28,7 @@ void expect_clean_failure(const test::CommandResult& r) {
 }
 
 TEST(CheckModelCli, GeneratedTinyPasses) {
-  std::string out = test::scratch_dir("cli_tiny");
+  std::string out = test::temp_dir("cli_tiny");
   auto g = qvl("gen-model --preset tiny --seed 5 --out " + out);
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_CONTAINS(g.out, "wrote " + out + ": preset tiny, seed 5, 115 tensors");
@@ -50,7 +50,7 @@ TEST(CheckModelCli, GeneratedTinyPasses) {
 }
 
 TEST(CheckModelCli, Fp8AndUntiedSummaries) {
-  std::string out = test::scratch_dir("cli_tiny_fp8");
+  std::string out = test::temp_dir("cli_tiny_fp8");
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --out " + out).exit_code, 0);
   auto j = qvl("check-model --json " + out);
   ASSERT_EQ(j.exit_code, 0) << j.err;
@@ -59,7 +59,7 @@ TEST(CheckModelCli, Fp8AndUntiedSummaries) {
   EXPECT_EQ(json["fp8_linears"].get<int>(), 2 * 7);  // q k v o gate up down in 2 layers
   EXPECT_EQ(json["dtypes"]["F8_E4M3"]["tensors"].get<int>(), 14);
 
-  std::string un = test::scratch_dir("cli_untied");
+  std::string un = test::temp_dir("cli_untied");
   ASSERT_EQ(qvl("gen-model --preset tiny-untied --out " + un + " --max-shard-size 1GB").exit_code, 0);
   EXPECT_TRUE(fs::exists(un + "/model.safetensors"));
   auto u = qvl("check-model --json " + un);
@@ -70,15 +70,14 @@ TEST(CheckModelCli, Fp8AndUntiedSummaries) {
 }
 
 TEST(CheckModelCli, BuiltinNameResolvesThroughTheCache) {
-  std::string cache = test::scratch_dir("cli_cache");
+  std::string cache = test::temp_dir("cli_cache");
   auto r = test::run_command("XDG_CACHE_HOME=" + cache + " " + test::qvl_binary() + " check-model tiny-fp8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_CONTAINS(r.out, cache + "/qvl/builtin/tiny-fp8-v1");
 }
 
 TEST(CheckModelCli, SameSeedSameBytes) {
-  std::string a = test::scratch_dir("cli_det_a"), b = test::scratch_dir("cli_det_b"),
-              c = test::scratch_dir("cli_det_c");
+  std::string a = test::temp_dir("cli_det_a"), b = test::temp_dir("cli_det_b"), c = test::temp_dir("cli_det_c");
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 11 --threads 1 --out " + a).exit_code, 0);
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 11 --threads 2 --out " + b).exit_code, 0);
   ASSERT_EQ(qvl("gen-model --preset tiny-fp8 --seed 12 --out " + c).exit_code, 0);
@@ -161,10 +160,10 @@ TEST_F(BrokenCheckpoint, BadConfigField) {
 }
 
 TEST(GenModelCli, RejectsBadArguments) {
-  auto r = qvl("gen-model --preset 3b --out " + test::scratch_dir("cli_bad"));
+  auto r = qvl("gen-model --preset 3b --out " + test::temp_dir("cli_bad"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_CONTAINS(r.err, "unknown preset '3b'");
-  r = qvl("gen-model --preset tiny --max-shard-size lots --out " + test::scratch_dir("cli_bad2"));
+  r = qvl("gen-model --preset tiny --max-shard-size lots --out " + test::temp_dir("cli_bad2"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_CONTAINS(r.err, "--max-shard-size 'lots'");
 }

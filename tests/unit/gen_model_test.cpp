@@ -65,17 +65,17 @@ TEST(GenModel, OneShardWhenItFits) {
 }
 
 TEST(GenModel, CopiesTokenizerFiles) {
-  std::string tok = test::scratch_dir("fake_tokenizer");
+  std::string tok = test::temp_dir("fake_tokenizer");
   test::spit(tok + "/tokenizer.json", "{\"fake\": 1}");
   test::spit(tok + "/tokenizer_config.json", "{\"fake\": 2}");
-  std::string out = test::scratch_dir("gen_tok");
+  std::string out = test::temp_dir("gen_tok");
   GenModelOptions o;
   o.tokenizer_dir = tok;
   o.max_shard_bytes = kTinyMaxShardBytes;
   ASSERT_TRUE(generate_model(*preset_config("tiny"), o, out).is_ok());
   EXPECT_EQ(test::slurp(out + "/tokenizer.json"), "{\"fake\": 1}");
   EXPECT_EQ(test::slurp(out + "/tokenizer_config.json"), "{\"fake\": 2}");
-  o.tokenizer_dir = test::scratch_dir("no_tokenizer");
+  o.tokenizer_dir = test::temp_dir("no_tokenizer");
   Status s = generate_model(*preset_config("tiny"), o, out);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("tokenizer.json not found"), std::string::npos) << s.message();
@@ -147,7 +147,7 @@ TEST(GenModel, Fp8IsTheBlockQuantisationOfTheBf16Checkpoint) {
   // The same seed as BF16 (tiny-fp8 without its quantization_config) and as FP8.
   ModelConfig bf16_cfg = *preset_config("tiny-fp8");
   bf16_cfg.quant = QuantConfig{};
-  std::string bf16_dir = test::scratch_dir("gen_fp8_ref");
+  std::string bf16_dir = test::temp_dir("gen_fp8_ref");
   GenModelOptions o;
   o.seed = 3;
   o.max_shard_bytes = kTinyMaxShardBytes;

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 // hub/models--Qwen--Qwen3-VL-2B-Instruct with refs main -> abc123 and dev -> def456.
 std::string make_hub() {
-  std::string hub = test::scratch_dir("hub");
+  std::string hub = test::temp_dir("hub");
   const std::string repo = hub + "/models--Qwen--Qwen3-VL-2B-Instruct";
   fs::create_directories(repo + "/refs");
   fs::create_directories(repo + "/snapshots/abc123");
@@ -65,7 +65,7 @@ TEST(Hub, MissesSayWhereAndHow) {
 }
 
 TEST(Hub, LocalDirectoryWins) {
-  std::string dir = test::scratch_dir("local_model");
+  std::string dir = test::temp_dir("local_model");
   ModelSearch s;
   s.hub_dir = make_hub();
   auto m = resolve_model(dir, s);
@@ -73,7 +73,7 @@ TEST(Hub, LocalDirectoryWins) {
   EXPECT_EQ(m->origin, ModelOrigin::kLocal);
   EXPECT_EQ(m->dir, dir);
   // A relative directory spelled like a hub id or a built-in name is local too.
-  std::string cwd = test::scratch_dir("cwd");
+  std::string cwd = test::temp_dir("cwd");
   fs::create_directories(cwd + "/Qwen/Qwen3-VL-2B-Instruct");
   fs::create_directories(cwd + "/tiny");
   auto old = fs::current_path();
@@ -93,8 +93,8 @@ TEST(Hub, LocalDirectoryWins) {
 
 TEST(Hub, BuiltinsAreGeneratedOnceIntoTheCache) {
   ModelSearch s;
-  s.cache_dir = test::scratch_dir("cache");
-  s.tokenizer_dir = test::scratch_dir("tok");
+  s.cache_dir = test::temp_dir("cache");
+  s.tokenizer_dir = test::temp_dir("tok");
   test::spit(s.tokenizer_dir + "/tokenizer.json", "{}");
   test::spit(s.tokenizer_dir + "/tokenizer_config.json", "{}");
   auto m = resolve_model("tiny-untied", s);

@@ -1,6 +1,7 @@
 // Helpers for the io/model tests: generated tiny checkpoints (made once per test binary) and
 // in-place edits of a safetensors shard's header (drop, rename or retype a tensor) that keep
-// the data region, to build broken checkpoints from a good one.
+// the data region, to build broken checkpoints from a good one. Every directory made here is
+// removed when the test binary exits (tiny checkpoints are 20-80 MB each).
 #pragma once
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "io/gen_model.h"
 #include "model/presets.h"
@@ -29,10 +31,24 @@ inline void spit(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
+// test::scratch_dir, removed again at exit.
+inline std::string temp_dir(const std::string& name) {
+  struct Cleaner {
+    std::vector<std::string> dirs;
+    ~Cleaner() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Cleaner cleaner;
+  cleaner.dirs.push_back(scratch_dir(name));
+  return cleaner.dirs.back();
+}
+
 // A checkpoint of `preset` generated with `seed` into a fresh scratch directory.
 inline std::string generate_preset(const std::string& preset, uint64_t seed = 0, bool fp8 = false,
                                    uint64_t max_shard_bytes = kTinyMaxShardBytes, int threads = 0) {
-  std::string dir = scratch_dir("gen_" + preset);
+  std::string dir = temp_dir("gen_" + preset);
   GenModelOptions o;
   o.seed = seed;
   o.max_shard_bytes = max_shard_bytes;
@@ -52,7 +68,7 @@ inline const std::string& shared_preset(const std::string& preset) {
 }
 
 inline std::string copy_of(const std::string& dir, const std::string& name) {
-  std::string out = scratch_dir(name);
+  std::string out = temp_dir(name);
   std::filesystem::copy(dir, out,
                         std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   return out;

@@ -10,6 +10,7 @@
 
 #include "io/checkpoint.h"
 #include "support/test_support.h"
+#include "unit/io_test_util.h"
 
 namespace qvl {
 namespace {
@@ -151,7 +152,7 @@ std::vector<uint8_t> shard(const std::vector<std::string>& names) {
 }
 
 TEST(Checkpoint, OpensSingleFileAndViews) {
-  std::string dir = test::scratch_dir("ckpt_single");
+  std::string dir = test::temp_dir("ckpt_single");
   write_bytes(dir + "/model.safetensors", shard({"a", "b"}));
   auto ck = Checkpoint::open(dir);
   ASSERT_TRUE(ck.is_ok()) << ck.status().to_string();
@@ -167,7 +168,7 @@ TEST(Checkpoint, OpensSingleFileAndViews) {
 }
 
 TEST(Checkpoint, OpensShardsThroughIndex) {
-  std::string dir = test::scratch_dir("ckpt_shards");
+  std::string dir = test::temp_dir("ckpt_shards");
   write_bytes(dir + "/s1.safetensors", shard({"a", "b"}));
   write_bytes(dir + "/s2.safetensors", shard({"c"}));
   write_text(
@@ -181,7 +182,7 @@ TEST(Checkpoint, OpensShardsThroughIndex) {
 }
 
 TEST(Checkpoint, ReportsIndexProblemsByFileAndTensor) {
-  std::string dir = test::scratch_dir("ckpt_bad");
+  std::string dir = test::temp_dir("ckpt_bad");
   write_bytes(dir + "/s1.safetensors", shard({"a"}));
   write_bytes(dir + "/s2.safetensors", shard({"a", "c"}));
   // 'b' mapped to s1 but absent there.
@@ -203,7 +204,7 @@ TEST(Checkpoint, ReportsIndexProblemsByFileAndTensor) {
   EXPECT_CONTAINS(ck.status().message(),
                   "s9.safetensors: shard listed in model.safetensors.index.json (for tensor 'a')");
 
-  std::string empty = test::scratch_dir("ckpt_empty");
+  std::string empty = test::temp_dir("ckpt_empty");
   ck = Checkpoint::open(empty);
   ASSERT_FALSE(ck.is_ok());
   EXPECT_EQ(ck.status().code(), StatusCode::kNotFound);

@@ -243,19 +243,18 @@ def make_image():
     return Image.fromarray(rgb, "RGB")
 
 
-def build_inputs(ckpt, cfg, with_image):
-    """Processor inputs, or hand-built ones if the processor cannot be made."""
+def processor_inputs(ckpt, with_image):
+    """The checkpoint's own processor on the test prompt (and image)."""
+    from transformers import AutoProcessor
+    proc = AutoProcessor.from_pretrained(ckpt)
+    if with_image:
+        return dict(proc(text=[IMAGE_PROMPT], images=[make_image()], return_tensors="pt"))
+    return dict(proc(text=[TEXT_PROMPT], return_tensors="pt"))
+
+
+def hand_built_inputs(cfg, with_image):
+    """The same kind of prompt without a processor (no tokenizer files needed)."""
     import torch
-    try:
-        from transformers import AutoProcessor
-        proc = AutoProcessor.from_pretrained(ckpt)
-        if with_image:
-            inputs = proc(text=[IMAGE_PROMPT], images=[make_image()], return_tensors="pt")
-        else:
-            inputs = proc(text=[TEXT_PROMPT], return_tensors="pt")
-        return dict(inputs), "processor", None
-    except Exception as e:  # noqa: BLE001
-        err = f"{type(e).__name__}: {e}"
     # Hand-built: <|im_start|> user \n [<|vision_start|> pads <|vision_end|>] text <|im_end|> \n <|im_start|> assistant \n
     image_id = cfg.get("image_token_id", 151655)
     ids = [151644, 872, 198]
@@ -271,7 +270,7 @@ def build_inputs(ckpt, cfg, with_image):
     inputs["input_ids"] = t
     inputs["attention_mask"] = torch.ones_like(t)
     inputs["mm_token_type_ids"] = (t == image_id).long()
-    return inputs, "hand-built", err
+    return inputs
 
 
 def forward(model, inputs, device):
@@ -312,12 +311,21 @@ def check_one(ckpt, label, device):
     model = model.to(device).eval()
     rec["forward"] = {}
     for name, with_image in (("text", False), ("image", True)):
-        try:
-            inputs, how, perr = build_inputs(ckpt, cfg, with_image)
-            r = forward(model, inputs, device)
-            r["inputs"], r["processor_error"] = how, perr
-        except Exception as e:  # noqa: BLE001
-            r = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:], "finite": False}
+        # The processor's inputs first; if that fails anywhere, hand-built inputs, so one run
+        # still tells whether the model itself produces finite logits.
+        r, errors = None, {}
+        for how in ("processor", "hand-built"):
+            try:
+                inputs = processor_inputs(ckpt, with_image) if how == "processor" else hand_built_inputs(cfg, with_image)
+                r = forward(model, inputs, device)
+                r["inputs"] = how
+                break
+            except Exception as e:  # noqa: BLE001
+                errors[how] = f"{type(e).__name__}: {e} | {traceback.format_exc()[-1500:]}"
+                log(f"{label}: {name} forward with {how} inputs failed: {type(e).__name__}: {e}")
+        r = r or {"finite": False}
+        if errors:
+            r["errors"] = errors
         rec["forward"][name] = r
     del model
     if device == "cuda":
