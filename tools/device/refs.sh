@@ -30,15 +30,17 @@ if has images; then
   ( step make_images python3 tools/reference/make_test_images.py --out "$work/images" &&
     step image_refs python3 tools/reference/image_refs.py --images "$work/images/images" --out "$work/images" ) &
 fi
-if has model; then step model python3 tools/reference/model_fixtures.py --out "$work/model" --threads 8; fi
-if has load; then step load python3 tools/reference/check_load.py --out "$work/load" --generate --scratch /tmp/qvl_ckpt; fi
+if has model; then step model timeout 300 python3 tools/reference/model_fixtures.py --out "$work/model" --threads 8; fi
+if has load; then step load timeout 300 python3 tools/reference/check_load.py --out "$work/load" --generate --scratch /tmp/qvl_ckpt; fi
 wait
 if has tokbench; then step tokbench python3 tools/bench/tokenizer_throughput.py --out "$work/tokbench"; fi
 if has imgbench; then
   f=$(ls "$work"/images/images/*12mp*.jpg 2>/dev/null | head -1)
   step imgbench python3 tools/bench/image_preprocess.py --file "${f:-tests/fixtures/images/j09_12mp.jpg}"
 fi
-if has cpu2b; then step cpu2b python3 tools/reference/cpu_2b_check.py --out "$work/cpu2b"; fi
+if has cpu2b; then step cpu2b timeout 240 python3 tools/reference/cpu_2b_check.py --out "$work/cpu2b"; fi
+
+if has gputests; then step gputests timeout 180 build-dev/qvl_gpu_tests; fi
 
 # Pack: one archive per area so no file exceeds the 16 MiB cap.
 for d in tokenizer chat_template images model load tokbench cpu2b; do
