@@ -1,0 +1,496 @@
+// qvl bench: drives the model directly (no HTTP, no scheduler) and prints one JSON object:
+// vision encoder ms, prefill tok/s, time to first token, decode tok/s per batch size (the decode
+// step captured as a graph per batch size, inputs staged on the device; and, separately, with
+// the logits copied to the host and argmax'd every step as a plain engine loop would), peak
+// device memory, bytes read per decode step and decode as a fraction of the bandwidth floor
+// (those bytes over a device-to-device copy bandwidth measured here, counting read + write).
+//
+//   qvl bench MODEL|--model M [--image-size 1024x768|none] [--prompt-tokens 24] [--gen-tokens 64]
+//             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--out FILE]
+//
+// The prompt is the chat-templated shape of one image + N text tokens; pixel values and text ids
+// are synthetic (timings do not depend on values). Timings are medians of --repeat runs after a
+// warm-up; the host clock is read after a synchronize.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cli/command.h"
+#include "cli/model_args.h"
+#include "core/arena.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "memory/activations.h"
+#include "model/bind.h"
+#include "model/load.h"
+#include "model/model.h"
+#include "model/positions.h"
+#ifdef QVL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace qvl::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct BenchOptions {
+  ModelArgs model;
+  std::string image_size = "1024x768";
+  int prompt_tokens = 24;
+  int gen_tokens = 64;
+  std::string batches = "1";
+  std::string backend = "cuda";
+  int repeat = 5;
+  int threads = 0;
+  int gpu = 0;
+  bool no_graphs = false;
+  std::string out;
+};
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+Result<std::vector<int>> parse_batches(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      int b = std::stoi(item, &used);
+      if (used != item.size() || b < 1) throw std::invalid_argument(item);
+      out.push_back(b);
+    } catch (const std::exception&) {
+      return invalid_argument("--batch " + s + ": '" + item + "' is not a positive integer");
+    }
+  }
+  if (out.empty()) return invalid_argument("--batch " + s + ": no batch sizes");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Bytes of a device tensor / Linear as the decode step reads them.
+int64_t linear_bytes(const LinearWeight& w) {
+  int64_t b = static_cast<int64_t>(w.bias.nbytes());
+  for (const LinearPart& p : w.parts) b += static_cast<int64_t>(p.weight.nbytes() + p.scale_inv.nbytes());
+  return b;
+}
+int64_t decode_weight_bytes(const ModelWeights& w, int64_t batch) {
+  const TextWeights& t = w.text;
+  int64_t b = 0;
+  for (const DecoderLayerWeights& l : t.layers) {
+    b += linear_bytes(l.qkv) + linear_bytes(l.o) + linear_bytes(l.gate_up) + linear_bytes(l.down);
+    b += static_cast<int64_t>(l.input_norm.nbytes() + l.post_attention_norm.nbytes() + l.q_norm.nbytes() +
+                              l.k_norm.nbytes());
+  }
+  b += static_cast<int64_t>(t.final_norm.nbytes()) + linear_bytes(t.lm_head);
+  b += batch * t.embed_tokens.row_numel() * dtype_size(t.embed_tokens.dtype);  // one embedding row per sequence
+  return b;
+}
+
+// Deterministic pixel values in [-1, 1].
+std::vector<float> synthetic_pixels(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint32_t s = 12345;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+  }
+  return v;
+}
+
+Status run_bench(const BenchOptions& o) {
+  QVL_ASSIGN_OR_RETURN(std::vector<int> batches, parse_batches(o.batches));
+  if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.repeat < 1)
+    return invalid_argument("--prompt-tokens " + std::to_string(o.prompt_tokens) + ", --gen-tokens " +
+                            std::to_string(o.gen_tokens) + " and --repeat " + std::to_string(o.repeat) +
+                            " must be >= 1");
+  ImageGrid grid{1, 0, 0};
+  bool with_image = o.image_size != "none" && o.image_size != "0";
+  if (with_image) {
+    int w = 0, h = 0;
+    char x = 0;
+    std::istringstream in(o.image_size);
+    if (!(in >> w >> x >> h) || x != 'x' || !in.eof() || w <= 0 || h <= 0 || w % 32 != 0 || h % 32 != 0)
+      return invalid_argument("--image-size " + o.image_size +
+                              ": expected WxH in pixels, multiples of 32 (patch 16 x merge 2), or none");
+    grid.h = h / 16;
+    grid.w = w / 16;
+  }
+
+  // ---- model ----
+  const auto t_load = Clock::now();
+  QVL_ASSIGN_OR_RETURN(std::string dir, resolve_model_dir(o.model));
+  QVL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  QVL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(ckpt, config));
+  std::unique_ptr<Backend> backend;
+  json device = json::object();
+  if (o.backend == "cpu") {
+    backend = make_cpu_backend(o.threads);
+    device["name"] = "cpu";
+  } else if (o.backend == "cuda") {
+#ifdef QVL_HAVE_CUDA
+    QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(o.gpu));
+    CudaBackendOptions opts;
+    opts.device = o.gpu;
+    QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
+    device = {{"name", info.name},
+              {"compute_capability", info.compute_capability},
+              {"multiprocessors", info.multiprocessors},
+              {"total_memory_bytes", info.total_memory},
+              {"l2_bytes", info.l2_bytes}};
+#else
+    return failed_precondition("--backend cuda: this qvl was built without the CUDA backend");
+#endif
+  } else {
+    return invalid_argument("--backend " + o.backend + ": cpu or cuda");
+  }
+  Backend& be = *backend;
+  QVL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(be, host));
+  QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model, Qwen3VLModel::create(be, config, std::move(weights)));
+  const double load_ms = ms_since(t_load);
+  const TextConfig& tc = config.text;
+  const DType act = be.activation_dtype();
+
+  // ---- copy bandwidth (bytes read + written per second) ----
+  double copy_gbps = 0;
+  {
+    const size_t bytes = o.backend == "cuda" ? (size_t{1} << 30) : (size_t{256} << 20);
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer a, be.allocate(bytes, "bench copy source"));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer b, be.allocate(bytes, "bench copy destination"));
+    Tensor ta(a.data(), DType::kU8, {static_cast<int64_t>(bytes)}, be.device());
+    Tensor tb(b.data(), DType::kU8, {static_cast<int64_t>(bytes)}, be.device());
+    be.copy(tb, ta);
+    be.synchronize();
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      const auto t = Clock::now();
+      for (int i = 0; i < 4; ++i) be.copy(i % 2 ? ta : tb, i % 2 ? tb : ta);
+      be.synchronize();
+      runs.push_back(ms_since(t) / 4);
+    }
+    copy_gbps = 2.0 * static_cast<double>(bytes) / (median(runs) * 1e-3) / 1e9;
+  }
+
+  // ---- prompt: <|im_start|>user\n<|vision_start|> pads <|vision_end|> text <|im_end|>\n<|im_start|>assistant\n
+  const TokenIds& tk = config.tokens;
+  std::vector<int32_t> ids = {151644, 872, 198};
+  std::vector<ImageGrid> grids;
+  std::vector<float> pixels;
+  std::vector<ImageInput> images;
+  if (with_image) {
+    ids.push_back(tk.vision_start_token_id);
+    ids.insert(ids.end(), static_cast<size_t>(grid.num_tokens(config.vision.spatial_merge_size)),
+               tk.image_token_id);
+    ids.push_back(tk.vision_end_token_id);
+    grids.push_back(grid);
+    pixels = synthetic_pixels(grid.num_patches() * config.vision.patch_dim());
+    images.push_back({pixels.data(), grid});
+  }
+  for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(static_cast<int32_t>(1000 + (37 * i) % 50000));
+  for (int32_t t : {151645, 198, 151644, 77091, 198}) ids.push_back(t);
+  const int64_t L = static_cast<int64_t>(ids.size());
+  QVL_ASSIGN_OR_RETURN(PromptPositions pos, prompt_positions(ids, grids, config));
+
+  // ---- buffers: arena, step inputs, logits, KV (max batch x pages per sequence) ----
+  const int max_b = batches.back();
+  const int page = 16;
+  const int64_t per_seq_tokens = L + 8 + 2LL * o.gen_tokens;
+  const int64_t P = (per_seq_tokens + page - 1) / page;
+  RunnerShape shape{std::max<int64_t>(L, max_b), max_b, P, with_image ? grid.num_patches() : 0};
+  const RunnerBuffers rb = runner_buffers(config, shape, act);
+  QVL_ASSIGN_OR_RETURN(DeviceBuffer arena_buf, be.allocate(static_cast<size_t>(rb.arena), "bench arena"));
+  QVL_ASSIGN_OR_RETURN(DeviceBuffer input_buf, be.allocate(static_cast<size_t>(rb.step_inputs), "bench inputs"));
+  QVL_ASSIGN_OR_RETURN(DeviceBuffer logits_buf, be.allocate(static_cast<size_t>(rb.logits), "bench logits"));
+  Arena arena(arena_buf.data(), arena_buf.size(), be.device(), "bench arena");
+  KvCacheView cache;
+  cache.dtype = act;
+  cache.page_size = page;
+  cache.num_pages = P * max_b;
+  cache.num_layers = tc.num_hidden_layers;
+  cache.num_kv_heads = tc.num_key_value_heads;
+  cache.head_dim = tc.head_dim;
+  QVL_ASSIGN_OR_RETURN(DeviceBuffer kv_buf, be.allocate(cache.page_bytes() * cache.num_pages, "bench KV cache"));
+  cache.base = kv_buf.data();
+  std::vector<int32_t> table(static_cast<size_t>(max_b * P));
+  for (int64_t i = 0; i < max_b * P; ++i) table[i] = static_cast<int32_t>(i);  // sequence s owns pages [sP, sP+P)
+
+  // Step inputs at fixed addresses (graphs replay over them).
+  struct StepInputs {
+    Tensor ids, logits_rows, positions, slots, query_start, context_len, page_table, logits;
+  };
+  auto make_inputs = [&](int64_t rows, int64_t seqs) {
+    Arena in(input_buf.data(), input_buf.size(), be.device(), "bench inputs");
+    StepInputs s;
+    s.ids = in.alloc(DType::kI32, {rows});
+    s.logits_rows = in.alloc(DType::kI32, {seqs});
+    s.positions = in.alloc(DType::kI32, {rows, 3});
+    s.slots = in.alloc(DType::kI32, {rows});
+    s.query_start = in.alloc(DType::kI32, {seqs + 1});
+    s.context_len = in.alloc(DType::kI32, {seqs});
+    s.page_table = in.alloc(DType::kI32, {seqs, P});
+    s.logits = Tensor(logits_buf.data(), act, {seqs, tc.vocab_size}, be.device());
+    return s;
+  };
+
+  // ---- vision ----
+  double vision_ms = 0;
+  if (with_image) {
+    std::vector<double> runs;
+    for (int r = 0; r <= o.repeat; ++r) {
+      arena.reset();
+      be.synchronize();
+      const auto t = Clock::now();
+      QVL_ASSIGN_OR_RETURN(VisionOutput vis, model->encode_images(images, arena));
+      be.synchronize();
+      if (r > 0) runs.push_back(ms_since(t));  // run 0 warms up
+    }
+    vision_ms = median(runs);
+  }
+
+  // ---- prefill of sequence 0 (whole prompt in one step), and TTFT = vision + prefill + argmax ----
+  auto prefill = [&](int32_t* first_token) -> Status {
+    arena.reset();
+    VisionOutput vis;
+    if (with_image) {
+      QVL_ASSIGN_OR_RETURN(vis, model->encode_images(images, arena));
+    }
+    StepInputs s = make_inputs(L, 1);
+    std::vector<int32_t> slots(static_cast<size_t>(L)), qs = {0, static_cast<int32_t>(L)};
+    for (int64_t i = 0; i < L; ++i) slots[i] = static_cast<int32_t>(i);
+    const int32_t ctx = static_cast<int32_t>(L), last = static_cast<int32_t>(L - 1);
+    be.copy_to_device(s.ids, ids.data());
+    be.copy_to_device(s.positions, pos.positions.data());
+    be.copy_to_device(s.slots, slots.data());
+    be.copy_to_device(s.query_start, qs.data());
+    be.copy_to_device(s.context_len, &ctx);
+    be.copy_to_device(s.page_table, table.data());
+    be.copy_to_device(s.logits_rows, &last);
+    TextBatch batch{1, static_cast<int>(L), static_cast<int>(P), static_cast<int>(L), s.query_start, s.context_len,
+                    s.page_table, s.slots, s.positions};
+    TextStepInputs in;
+    in.token_ids = s.ids;
+    in.logits_rows = s.logits_rows;
+    if (with_image) {
+      const int64_t start = 4;  // first pad row: after <|im_start|> user \n <|vision_start|>
+      VisionOutput::Slice sl = vis.rows(0, vis.embeds.dim(0));
+      in.visual.push_back({static_cast<int32_t>(start), sl.embeds, sl.deepstack});
+    }
+    Tensor logits = s.logits.rows(0, 1);
+    model->forward(batch, in, cache, logits, arena);
+    std::vector<float> host(static_cast<size_t>(tc.vocab_size));
+    if (act == DType::kF32) {
+      be.copy_to_host(host.data(), logits);
+    } else {
+      std::vector<uint16_t> bits(host.size());
+      be.copy_to_host(bits.data(), logits);
+      for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_to_float(bits[i]);
+    }
+    *first_token = static_cast<int32_t>(std::max_element(host.begin(), host.end()) - host.begin());
+    return Status::ok();
+  };
+  std::vector<double> ttft_runs, prefill_runs;
+  int32_t first = 0;
+  for (int r = 0; r <= o.repeat; ++r) {
+    be.synchronize();
+    const auto t = Clock::now();
+    QVL_RETURN_IF_ERROR(prefill(&first));
+    if (r > 0) ttft_runs.push_back(ms_since(t));
+  }
+  const double ttft_ms = median(ttft_runs);
+  const double prefill_ms = std::max(0.0, ttft_ms - vision_ms);
+  arena.reset();
+
+  // ---- decode per batch size ----
+  const int64_t kv_token_bytes = 2LL * tc.num_hidden_layers * tc.num_key_value_heads * tc.head_dim * dtype_size(act);
+  json decode = json::array();
+  for (int B : batches) {
+    // Every sequence starts from sequence 0's prefilled cache (its pages copied).
+    for (int s = 1; s < B; ++s) {
+      const int64_t bytes = static_cast<int64_t>(cache.page_bytes()) * P;
+      Tensor src(cache.base, DType::kU8, {bytes}, be.device());
+      Tensor dst(static_cast<char*>(cache.base) + s * bytes, DType::kU8, {bytes}, be.device());
+      be.copy(dst, src);
+    }
+    StepInputs s = make_inputs(B, B);
+    std::vector<int32_t> qs(B + 1), rows(B);
+    for (int i = 0; i <= B; ++i) qs[i] = i;
+    for (int i = 0; i < B; ++i) rows[i] = i;
+    be.copy_to_device(s.query_start, qs.data());
+    be.copy_to_device(s.logits_rows, rows.data());
+    be.copy_to_device(s.page_table, table.data());
+    // Inputs of every step staged on the device once; each step copies its slice (device to
+    // device, asynchronous) into the fixed tensors.
+    const int steps = 4 + o.gen_tokens + std::min(o.gen_tokens, 32);
+    std::vector<int32_t> h_ids, h_pos, h_slots, h_ctx;
+    for (int st = 0; st < steps; ++st) {
+      const int64_t n = L + st;  // absolute index of this step's token
+      const int32_t p = static_cast<int32_t>(decode_position(n, pos.rope_delta));
+      for (int b = 0; b < B; ++b) {
+        h_ids.push_back(first);
+        for (int a = 0; a < 3; ++a) h_pos.push_back(p);
+        h_slots.push_back(static_cast<int32_t>(b * P * page + n));
+        h_ctx.push_back(static_cast<int32_t>(n + 1));
+      }
+    }
+    const int64_t per = static_cast<int64_t>(steps) * B;
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer stage_buf, be.allocate(static_cast<size_t>(per) * 6 * 4, "bench staging"));
+    Tensor g_ids(stage_buf.data(), DType::kI32, {per}, be.device());
+    Tensor g_pos(static_cast<int32_t*>(stage_buf.data()) + per, DType::kI32, {per, 3}, be.device());
+    Tensor g_slots(static_cast<int32_t*>(stage_buf.data()) + 4 * per, DType::kI32, {per}, be.device());
+    Tensor g_ctx(static_cast<int32_t*>(stage_buf.data()) + 5 * per, DType::kI32, {per}, be.device());
+    be.copy_to_device(g_ids, h_ids.data());
+    be.copy_to_device(g_pos, h_pos.data());
+    be.copy_to_device(g_slots, h_slots.data());
+    be.copy_to_device(g_ctx, h_ctx.data());
+
+    TextBatch batch{B, B, static_cast<int>(P), static_cast<int>(per_seq_tokens), s.query_start, s.context_len,
+                    s.page_table, s.slots, s.positions};
+    TextStepInputs in;
+    in.token_ids = s.ids;
+    in.logits_rows = s.logits_rows;
+    const std::string key = "bench/decode/b" + std::to_string(B) + "/p" + std::to_string(P);
+    auto step = [&](int st) {
+      be.copy(s.ids, g_ids.rows(st * B, st * B + B));
+      be.copy(s.positions, g_pos.rows(st * B, st * B + B));
+      be.copy(s.slots, g_slots.rows(st * B, st * B + B));
+      be.copy(s.context_len, g_ctx.rows(st * B, st * B + B));
+      auto fwd = [&] { model->forward(batch, in, cache, s.logits, arena); };
+      if (o.no_graphs) fwd();
+      else be.run_graph(key, fwd);
+    };
+    int st = 0;
+    for (; st < 4; ++st) step(st);  // records the graph, warms up
+    be.synchronize();
+    auto t = Clock::now();
+    for (int i = 0; i < o.gen_tokens; ++i) step(st++);
+    be.synchronize();
+    const double step_ms = ms_since(t) / o.gen_tokens;
+    // The same steps with the logits brought to the host and argmax'd every step.
+    const int sync_steps = std::min(o.gen_tokens, 32);
+    std::vector<uint16_t> bits(static_cast<size_t>(B * tc.vocab_size));
+    std::vector<float> f32(bits.size());
+    t = Clock::now();
+    for (int i = 0; i < sync_steps; ++i) {
+      step(st++);
+      int64_t checksum = 0;
+      if (act == DType::kF32) {
+        be.copy_to_host(f32.data(), s.logits);
+        for (int b = 0; b < B; ++b)
+          checksum += std::max_element(f32.begin() + b * tc.vocab_size, f32.begin() + (b + 1) * tc.vocab_size) -
+                      f32.begin();
+      } else {
+        be.copy_to_host(bits.data(), s.logits);
+        for (int b = 0; b < B; ++b) {
+          int64_t best = 0;
+          float bv = -INFINITY;
+          for (int64_t v = 0; v < tc.vocab_size; ++v) {
+            const float x = bf16_to_float(bits[b * tc.vocab_size + v]);
+            if (x > bv) {
+              bv = x;
+              best = v;
+            }
+          }
+          checksum += best;
+        }
+      }
+      (void)checksum;
+    }
+    const double sync_step_ms = ms_since(t) / sync_steps;
+    // Bytes of the timed steps: weights once per step, each sequence's KV (average context).
+    const double avg_ctx = static_cast<double>(L) + 4 + o.gen_tokens / 2.0;
+    const double bytes = static_cast<double>(decode_weight_bytes(model->weights(), B)) + B * avg_ctx * kv_token_bytes;
+    const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
+    decode.push_back({{"batch", B},
+                      {"graphs", !o.no_graphs},
+                      {"step_ms", step_ms},
+                      {"tokens_per_s", B * 1000.0 / step_ms},
+                      {"tokens_per_s_host_argmax", B * 1000.0 / sync_step_ms},
+                      {"step_ms_host_argmax", sync_step_ms},
+                      {"bytes_per_step", bytes},
+                      {"bytes_per_token", bytes / B},
+                      {"floor_ms", floor_ms},
+                      {"fraction_of_floor", floor_ms / step_ms},
+                      {"avg_context", avg_ctx}});
+    be.clear_graphs();
+  }
+
+  json out;
+  out["model"] = dir;
+  out["backend"] = be.name();
+  out["device"] = device;
+  out["load_ms"] = load_ms;
+  out["copy_bandwidth_gbps"] = copy_gbps;
+  out["image"] = with_image ? json{{"size", o.image_size}, {"grid_thw", {1, grid.h, grid.w}},
+                                   {"patches", grid.num_patches()},
+                                   {"tokens", grid.num_tokens(config.vision.spatial_merge_size)}}
+                            : json(nullptr);
+  out["prompt_tokens"] = L;
+  out["text_tokens"] = o.prompt_tokens;
+  out["vision_ms"] = vision_ms;
+  out["prefill_ms"] = prefill_ms;
+  out["prefill_tokens_per_s"] = prefill_ms > 0 ? L / (prefill_ms * 1e-3) : 0.0;
+  out["ttft_ms"] = ttft_ms;
+  out["decode"] = decode;
+  out["weights_bytes_decode"] = decode_weight_bytes(model->weights(), 1);
+  out["kv_bytes_per_token"] = kv_token_bytes;
+#ifdef QVL_HAVE_CUDA
+  if (o.backend == "cuda") {
+    const CudaMemoryStats m = cuda_memory_stats(be);
+    out["memory"] = {{"peak_allocated_bytes", m.peak_allocated_bytes},
+                     {"context_bytes", m.context_bytes},
+                     {"peak_device_bytes", m.peak_allocated_bytes + m.context_bytes},
+                     {"device_used_bytes_now", m.device_used_bytes}};
+  }
+#endif
+  const std::string text = out.dump(1);
+  std::printf("%s\n", text.c_str());
+  if (!o.out.empty()) {
+    std::ofstream f(o.out);
+    f << text << "\n";
+    if (!f) return data_loss("cannot write " + o.out);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)", [](CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  app.add_option("model,--model", o->model.name, "Model directory, built-in name or hub id")->required();
+  app.add_option("--revision", o->model.revision, "Hub revision (default main)");
+  app.add_option("--image-size", o->image_size, "WxH of one synthetic image, multiples of 32, or none (1024x768)");
+  app.add_option("--prompt-tokens", o->prompt_tokens, "Text tokens after the image (24)");
+  app.add_option("--gen-tokens", o->gen_tokens, "Timed decode steps per batch size (64)");
+  app.add_option("--batch", o->batches, "Decode batch sizes, comma-separated (1)");
+  app.add_option("--backend", o->backend, "cuda | cpu (cuda)");
+  app.add_option("--gpu", o->gpu, "CUDA device ordinal (0)");
+  app.add_option("--threads", o->threads, "CPU backend threads (0 = all)");
+  app.add_option("--repeat", o->repeat, "Timed runs of vision and TTFT; medians are reported (5)");
+  app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
+  app.add_option("--out", o->out, "Also write the JSON to this file");
+  return [o]() -> int {
+    Status s = run_bench(*o);
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "qvl bench: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    return 0;
+  };
+});
+
+}  // namespace qvl::cli
