@@ -279,6 +279,7 @@ std::vector<Suggestion> suggestions(const ModelConfig& config, const RuntimeOpti
                                     const MemoryPlan& base) {
   std::vector<Suggestion> out;
   for (FitChange c : kCostOrder) {
+    if (c == FitChange::kOffloadLayers && !options.can_offload) continue;  // not offered: qvl cannot
     std::optional<int64_t> strong = strongest(c, options, base);
     if (!strong) continue;
     const int64_t from = value_of(c, options, base);
@@ -315,6 +316,7 @@ Result<AutoFit> auto_fit(const ModelConfig& config, const RuntimeOptions& option
   for (FitChange c : kCostOrder) {
     // Another checkpoint is the user's call; auto-fit only quantizes when the loader can.
     if (c == FitChange::kFp8Weights && !options.can_quantize_fp8) continue;
+    if (c == FitChange::kOffloadLayers && !options.can_offload) continue;
     QVL_ASSIGN_OR_RETURN(MemoryPlan now, detail::compute_plan(config, o, device));
     std::optional<int64_t> strong = strongest(c, o, now);
     if (!strong) continue;
@@ -327,12 +329,17 @@ Result<AutoFit> auto_fit(const ModelConfig& config, const RuntimeOptions& option
   }
   if (!fitted) {
     QVL_ASSIGN_OR_RETURN(MemoryPlan all, detail::compute_plan(config, o, device));
-    return resource_exhausted(std::string("does not fit even with every change applied (") +
-                              (o.fp8_weights || config.quant.fp8 ? "FP8 weights, " : "") + "FP8 KV, context " +
-                              std::to_string(o.context_tokens) + ", images up to " + std::to_string(all.image_tokens) +
-                              " tokens, " + std::to_string(o.offload_layers) + " layers offloaded, prefill chunk " +
-                              std::to_string(o.prefill_chunk) + "): short by " + format_mib(all.shortfall_bytes) +
-                              " MiB of a " + format_mib(all.budget_bytes) + " MiB budget");
+    std::string applied = std::string(o.fp8_weights || config.quant.fp8 ? "FP8 weights, " : "") + "FP8 KV, context " +
+                          std::to_string(o.context_tokens) + ", images up to " + std::to_string(all.image_tokens) +
+                          " tokens, " +
+                          (options.can_offload ? std::to_string(o.offload_layers) + " layers offloaded, " : "") +
+                          "prefill chunk " + std::to_string(o.prefill_chunk);
+    std::string missing;
+    if (!config.quant.fp8 && !options.can_quantize_fp8) missing += "; FP8 weights need the -FP8 checkpoint";
+    if (!options.can_offload) missing += "; this qvl cannot offload layers to host memory";
+    return resource_exhausted("does not fit even with every change applied (" + applied + "): short by " +
+                              format_mib(all.shortfall_bytes) + " MiB of a " + format_mib(all.budget_bytes) +
+                              " MiB budget" + missing);
   }
 
   // 2. Relax, costliest first: each change goes back to the mildest value that still fits with

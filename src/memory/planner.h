@@ -32,17 +32,20 @@ inline constexpr int64_t kDeviceGranularity = 2 * kMiB;
 
 // What the user (or serve's defaults) asks for. Zero means "the default" where noted.
 struct RuntimeOptions {
-  int64_t context_tokens = 4096;          // per sequence: prompt (text + image tokens) + generated tokens
-  int concurrency = 1;                    // sequences that may each hold a full context at the same time
-  int64_t max_image_pixels = 0;           // 0: the preprocessor's max_pixels
-  int64_t max_image_tokens = 0;           // 0: only the pixel cap (merged tokens = pixels / 1024)
-  int64_t prefill_chunk = 2048;           // rows per decoder step, prefill and decode rows together (`qvl run` default)
-  int max_running = 0;                    // sequences in one step (engine max_running); 0: concurrency
-  DType kv_dtype = DType::kBF16;          // kBF16 or kF8E4M3
-  int kv_page_tokens = 16;                // tokens per KV page
-  int offload_layers = 0;                 // decoder layers kept in pinned host memory, streamed in
-  bool fp8_weights = false;               // block-FP8 text Linears (quantized at load unless already FP8)
-  bool can_quantize_fp8 = false;          // the loader can quantize a BF16 checkpoint to FP8 (auto-fit may then)
+  int64_t context_tokens = 4096;  // per sequence: prompt (text + image tokens) + generated tokens
+  int concurrency = 1;            // sequences that may each hold a full context at the same time
+  int64_t max_image_pixels = 0;   // 0: the preprocessor's max_pixels
+  int64_t max_image_tokens = 0;   // 0: only the pixel cap (merged tokens = pixels / 1024)
+  int64_t prefill_chunk = 2048;   // rows per decoder step, prefill and decode rows together (`qvl run` default)
+  int max_running = 0;            // sequences in one step (engine max_running); 0: concurrency
+  DType kv_dtype = DType::kBF16;  // kBF16 or kF8E4M3
+  int kv_page_tokens = 16;        // tokens per KV page
+  int offload_layers = 0;         // decoder layers kept in pinned host memory, streamed in
+  bool fp8_weights = false;       // block-FP8 text Linears (quantized at load unless already FP8)
+  // What this qvl's loader can do (engine/loader): auto-fit applies only these, suggestions offer
+  // offloading only when it exists. Flip them where the feature lands.
+  bool can_quantize_fp8 = false;          // quantize a BF16 checkpoint's text Linears to FP8 at load
+  bool can_offload = false;               // keep decoder layers in pinned host memory (issue 8 item 5)
   int64_t gpu_memory_bytes = 0;           // the budget; 0: the device's free memory minus reserve_bytes
   int64_t reserve_bytes = 256 * kMiB;     // left free for other programs when the budget is "free memory"
   int64_t margin_bytes = 128 * kMiB;      // held back inside the budget for what the plan cannot see

@@ -65,7 +65,7 @@ TEST(CmdPlan, EightBBf16IsRefusedWithSuggestions) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.out.find("DOES NOT FIT: short by"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--fp8"), std::string::npos);
-  EXPECT_NE(r.out.find("--offload-layers"), std::string::npos);
+  EXPECT_NE(r.out.find("--kv-dtype fp8"), std::string::npos);
 
   r = qvl_plan("--preset 8b --gpu-memory 8GiB --json");
   EXPECT_EQ(r.exit_code, 2);
@@ -78,19 +78,22 @@ TEST(CmdPlan, EightBBf16IsRefusedWithSuggestions) {
 }
 
 TEST(CmdPlan, AutoFitRunsAndSaysWhatItChose) {
-  // qvl serve cannot quantize a BF16 checkpoint at load, so auto-fit leaves --fp8 to the user (it
-  // is the first suggestion) and offloads layers instead.
-  auto r = qvl_plan("--preset 8b --gpu-memory 8GiB --auto-fit");
+  // 8B FP8 on 10.5 GiB: FP8 KV, a shorter context, a smaller image cap (what `qvl serve` can do).
+  auto r = qvl_plan("--preset 8b --fp8 --gpu-memory 10.5GiB --auto-fit");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_EQ(r.out.find("auto-fit: --fp8"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("auto-fit: --offload-layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto-fit: --kv-dtype fp8"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("FITS with"), std::string::npos) << r.out;
 
-  r = qvl_plan("--preset 8b --gpu-memory 8GiB --auto-fit --json");
+  r = qvl_plan("--preset 8b --fp8 --gpu-memory 10.5GiB --auto-fit --json");
   ASSERT_EQ(r.exit_code, 0);
   nlohmann::json j = json_of(r);
   EXPECT_TRUE(j["fits"].get<bool>());
   EXPECT_FALSE(j["auto_fit"]["applied"].empty());
+
+  // 8B BF16 on 8 GiB needs layer offload, which qvl serve cannot do yet: auto-fit says so.
+  r = qvl_plan("--preset 8b --gpu-memory 8GiB --auto-fit");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("does not fit even with every change applied"), std::string::npos) << r.err;
 }
 
 TEST(CmdPlan, Fp8KvHalvesTheBytesPerToken) {

@@ -96,9 +96,11 @@ TEST(Fit, SuggestionsComeCheapestFirstAndSaveWhatTheySay) {
   RuntimeOptions o;
   o.gpu_memory_bytes = 8 * kGiB;
   o.context_tokens = 8192;
-  o.prefill_chunk = 4096;
+  o.prefill_chunk = 4096;     // the decoder step (335 MB) outweighs the vision scratch...
+  o.max_image_tokens = 2048;  // ...of a 2048-token image, so every change saves something
+  o.can_offload = true;
   MemoryPlan p = plan_ok(c, o, desktop_card(120));
-  ASSERT_GE(p.suggestions.size(), 5u);
+  ASSERT_EQ(p.suggestions.size(), 6u);  // every change helps here
   for (size_t i = 1; i < p.suggestions.size(); ++i)
     EXPECT_LT(static_cast<int>(p.suggestions[i - 1].change), static_cast<int>(p.suggestions[i].change))
         << p.suggestions[i - 1].flag << " before " << p.suggestions[i].flag;
@@ -143,6 +145,7 @@ void check_auto_fit_8b_on_8gib(bool can_quantize) {
   RuntimeOptions o;
   o.gpu_memory_bytes = 8 * kGiB;
   o.can_quantize_fp8 = can_quantize;
+  o.can_offload = true;  // 8B weights alone exceed 8 GiB even in FP8 (9.86 GiB)
   Result<AutoFit> fit = auto_fit(c, o, desktop_card(120));
   ASSERT_TRUE(fit.is_ok()) << fit.status().to_string();
   EXPECT_TRUE(fit->plan.fits);
@@ -222,9 +225,31 @@ TEST(Fit, AutoFitPrefersTheCheapChange) {
   }
 }
 
+TEST(Fit, OnlyWhatTheLoaderCanDo) {
+  // Without layer offload and load-time FP8 (this qvl today), 8B BF16 cannot fit 8 GiB: offload is
+  // not suggested, and auto-fit says what is missing.
+  RuntimeOptions o;
+  o.gpu_memory_bytes = 8 * kGiB;
+  MemoryPlan p = plan_ok(preset("8b"), o);
+  for (const Suggestion& s : p.suggestions) EXPECT_NE(s.change, FitChange::kOffloadLayers);
+  Result<AutoFit> fit = auto_fit(preset("8b"), o, {});
+  ASSERT_FALSE(fit.is_ok());
+  EXPECT_EQ(fit.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(fit.status().message().find("cannot offload"), std::string::npos) << fit.status().message();
+  EXPECT_NE(fit.status().message().find("-FP8 checkpoint"), std::string::npos) << fit.status().message();
+  // The 8B FP8 checkpoint on 10.5 GiB: auto-fit finds a configuration without offloading.
+  o.gpu_memory_bytes = 10 * kGiB + 512 * kMiB;
+  fit = auto_fit(preset("8b", true), o, {});
+  ASSERT_TRUE(fit.is_ok()) << fit.status().to_string();
+  EXPECT_EQ(fit->options.offload_layers, 0);
+  EXPECT_TRUE(plan_ok(preset("8b", true), fit->options).fits);
+}
+
 TEST(Fit, AutoFitSaysWhenNothingIsEnough) {
   RuntimeOptions o;
   o.gpu_memory_bytes = 1 * kGiB;  // not even the 8B embedding tables fit
+  o.can_offload = true;
+  o.can_quantize_fp8 = true;
   Result<AutoFit> fit = auto_fit(preset("8b"), o, {});
   ASSERT_FALSE(fit.is_ok());
   EXPECT_EQ(fit.status().code(), StatusCode::kResourceExhausted);
