@@ -142,7 +142,9 @@ PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
   // Row order of the reference's reshape(B, C, gh/m, m, p, gw/m, m, p).permute(0,2,5,3,6,1,4,7):
   // row = ((hb * gw/m + wb) * m + hi) * m + wi, patch origin y0 = (hb*m + hi)*p, x0 = (wb*m + wi)*p;
   // column = ((c * T + t) * p + py) * p + px, the T temporal copies identical.
-#pragma omp parallel for schedule(static)
+  // Small images stay on the calling thread (the server prepares images on request threads).
+  const bool big = n_patches * patch_dim >= (8 << 20);
+#pragma omp parallel for schedule(static) if (big)
   for (int64_t row = 0; row < n_patches; ++row) {
     const int wi = static_cast<int>(row % m);
     const int hi = static_cast<int>((row / m) % m);
