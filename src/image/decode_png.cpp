@@ -85,12 +85,17 @@ bool read_header(PngContext* ctx, const DecodeLimits& limits, Header* h) {
   return true;
 }
 
-// Reads all rows (de-interlaced) into `raw` rows of `rowbytes`. False after a libpng error.
-bool read_rows(PngContext* ctx, const Header& h, uint8_t** rows) {
+// Reads all rows (de-interlaced) into `rows`, each `row_bytes` long. False after a libpng
+// error.
+bool read_rows(PngContext* ctx, size_t row_bytes, uint8_t** rows) {
   if (setjmp(png_jmpbuf(ctx->png))) return false;
-  const int passes = png_set_interlace_handling(ctx->png);
-  (void)passes;
+  png_set_interlace_handling(ctx->png);
   png_read_update_info(ctx->png, ctx->info);
+  if (png_get_rowbytes(ctx->png, ctx->info) != row_bytes) {  // the buffers were sized for row_bytes
+    std::snprintf(ctx->message, sizeof(ctx->message), "unexpected row size %zu (expected %zu)",
+                  static_cast<size_t>(png_get_rowbytes(ctx->png, ctx->info)), row_bytes);
+    return false;
+  }
   png_read_image(ctx->png, rows);
   // No png_read_end: chunks after the image data are not needed (PIL stops there too).
   return true;
@@ -172,7 +177,7 @@ Result<DecodedImage> decode_png(std::span<const uint8_t> data, const DecodeLimit
   std::vector<uint8_t> raw(row_bytes * ht);
   std::vector<uint8_t*> rows(ht);
   for (size_t y = 0; y < ht; ++y) rows[y] = raw.data() + y * row_bytes;
-  if (!read_rows(&ctx, h, rows.data())) return png_error(ctx, "decoding pixels");
+  if (!read_rows(&ctx, row_bytes, rows.data())) return png_error(ctx, "decoding pixels");
 
   out.rgb.width = static_cast<int>(w);
   out.rgb.height = static_cast<int>(ht);

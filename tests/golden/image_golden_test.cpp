@@ -1,7 +1,7 @@
 // The image pipeline against the transformers 5.17 processor on every committed test image
 // (tests/fixtures/images/, references in tests/fixtures/image_refs/ written by
 // tools/reference/image_refs.py on the GPU machine):
-//   * decode + convert("RGB"): PIL's mode, size, and the RGB8 bytes identical (crc32);
+//   * decode + convert("RGB"): PIL's mode, size, and the RGB8 bytes identical (sha256);
 //   * smart_resize: resized size and image_grid_thw identical;
 //   * resize: every stored row of the reference's uint8 image within one level, and the
 //     fraction bit-identical reported (aim: all of it);
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/mmap.h"
+#include "golden/sha256.h"
 #include "image/image.h"
 #include "support/test_support.h"
 #include "support/tolerances.h"
@@ -70,6 +71,17 @@ const Refs& refs() {
   GTEST_SKIP() << "fixture tests/fixtures/image_refs/refs.json missing: run tools/reference/make_test_images.py " \
                   "and tools/reference/image_refs.py on the GPU machine"
 
+TEST(ImageGolden, Sha256KnownAnswers) {
+  // FIPS 180-4 examples: "abc" and the 56-byte two-block message; and the empty input.
+  const std::string abc = "abc";
+  EXPECT_EQ(test::sha256_hex(reinterpret_cast<const uint8_t*>(abc.data()), abc.size()),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(test::sha256_hex(reinterpret_cast<const uint8_t*>(two.data()), two.size()),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(test::sha256_hex(nullptr, 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
 TEST(ImageGolden, AtLeastThirtyImagesCoverEveryFormat) {
   REQUIRE_REFS();
   const json& images = refs().j["images"];
@@ -100,7 +112,8 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
     EXPECT_EQ(d.info.mode, e["mode"].get<std::string>());
     ASSERT_EQ(d.rgb.width, e["width"].get<int>());
     ASSERT_EQ(d.rgb.height, e["height"].get<int>());
-    const bool decode_same = crc_of(d.rgb.pixels.data(), d.rgb.pixels.size()) == e["rgb_crc32"].get<uint32_t>();
+    const bool decode_same =
+        test::sha256_hex(d.rgb.pixels.data(), d.rgb.pixels.size()) == e["rgb_sha256"].get<std::string>();
     EXPECT_TRUE(decode_same) << "decoded RGB8 differs from PIL's convert(\"RGB\")";
     decode_mismatches += !decode_same;
 
@@ -142,7 +155,8 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
     identical += same;
     // One uint8 level is the tolerance on pixel_values: |d| / 127.5 <= kPixelAbs.
     EXPECT_LE(max_diff / 127.5, test::tol::kPixelAbs) << "resized uint8 differs by " << max_diff << " levels";
-    const bool resized_same = crc_of(ours.pixels.data(), ours.pixels.size()) == e["resized_crc32"].get<uint32_t>();
+    const bool resized_same =
+        test::sha256_hex(ours.pixels.data(), ours.pixels.size()) == e["resized_sha256"].get<std::string>();
     images_not_identical += !resized_same;
 
     // pixel_values: our patchify of the reference uint8 must be the reference tensor exactly

@@ -62,7 +62,9 @@ TEST(ImageCorpus, TruncatedFilesAreErrorsNamingTheFormat) {
       ASSERT_FALSE(r.is_ok()) << f << " cut at " << cut << " of " << full.size();
       const std::string& m = r.status().message();
       // Very short prefixes cannot be recognised at all; longer ones name the format.
-      if (cut >= 16) EXPECT_NE(m.find(format), std::string::npos) << f << " cut " << cut << ": " << m;
+      if (cut >= 16) {
+        EXPECT_NE(m.find(format), std::string::npos) << f << " cut " << cut << ": " << m;
+      }
     }
     // Cuts near the end may lose only trailing chunks/markers: an error or an image.
     for (size_t back : {size_t(1), size_t(2), size_t(13)})
