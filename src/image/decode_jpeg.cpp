@@ -18,6 +18,7 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "image/buffer.h"
 #include "image/decoders.h"
 
 namespace qvl::image::detail {
@@ -143,7 +144,7 @@ Result<DecodedImage> decode_jpeg(std::span<const uint8_t> data, const DecodeLimi
   const int w = out.info.width, h = out.info.height;
   out.rgb.width = w;
   out.rgb.height = h;
-  out.rgb.pixels.resize(static_cast<size_t>(w) * h * 3);
+  detail::resize_large(out.rgb.pixels, static_cast<size_t>(w) * h * 3);
   const int comps = ctx.cinfo.num_components;
   const J_COLOR_SPACE space = comps == 1 ? JCS_GRAYSCALE : (comps == 3 ? JCS_RGB : JCS_CMYK);
 
@@ -151,7 +152,7 @@ Result<DecodedImage> decode_jpeg(std::span<const uint8_t> data, const DecodeLimi
   std::vector<uint8_t> staging;
   uint8_t* base = out.rgb.pixels.data();
   if (comps != 3) {
-    staging.resize(static_cast<size_t>(w) * h * comps);
+    detail::resize_large(staging, static_cast<size_t>(w) * h * comps);
     base = staging.data();
   }
   std::vector<uint8_t*> rows(static_cast<size_t>(h));

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "image/buffer.h"
 #include "image/decoders.h"
 
 namespace qvl::image::detail {
@@ -174,14 +175,15 @@ Result<DecodedImage> decode_png(std::span<const uint8_t> data, const DecodeLimit
   const int bytes_per_sample = h.bit_depth == 16 ? 2 : 1;
   if (h.bit_depth < 8) png_set_packing(ctx.png);  // one byte per sample, values unscaled
   const size_t row_bytes = w * channels * bytes_per_sample;
-  std::vector<uint8_t> raw(row_bytes * ht);
+  std::vector<uint8_t> raw;
+  detail::resize_large(raw, row_bytes * ht);
   std::vector<uint8_t*> rows(ht);
   for (size_t y = 0; y < ht; ++y) rows[y] = raw.data() + y * row_bytes;
   if (!read_rows(&ctx, row_bytes, rows.data())) return png_error(ctx, "decoding pixels");
 
   out.rgb.width = static_cast<int>(w);
   out.rgb.height = static_cast<int>(ht);
-  out.rgb.pixels.resize(w * ht * 3);
+  detail::resize_large(out.rgb.pixels, w * ht * 3);
   uint8_t* dst = out.rgb.pixels.data();
   const size_t n = w * ht;
   const uint8_t* s = raw.data();

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "image/buffer.h"
 #include "image/decoders.h"
 
 namespace qvl::image::detail {
@@ -59,7 +60,7 @@ Result<DecodedImage> decode_webp(std::span<const uint8_t> data, const DecodeLimi
   const int w = out.info.width, h = out.info.height;
   out.rgb.width = w;
   out.rgb.height = h;
-  out.rgb.pixels.resize(static_cast<size_t>(w) * h * 3);
+  detail::resize_large(out.rgb.pixels, static_cast<size_t>(w) * h * 3);
   config.output.colorspace = MODE_RGB;
   config.output.is_external_memory = 1;
   config.output.u.RGBA.rgba = out.rgb.pixels.data();

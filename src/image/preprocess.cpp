@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "image/buffer.h"
 #include "image/decoders.h"
 #include "image/image.h"
 
@@ -132,7 +133,7 @@ PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
   out.grid_w = rgb.width / p;
   const int64_t patch_dim = 3LL * tps * p * p;
   const int64_t n_patches = out.num_patches();
-  out.pixel_values.resize(static_cast<size_t>(n_patches * patch_dim));
+  detail::resize_large(out.pixel_values, static_cast<size_t>(n_patches * patch_dim));
   const std::array<float, 256>& lut = normalize_table();
   const int blocks_w = out.grid_w / m;
   const int64_t row_stride = static_cast<int64_t>(rgb.width) * 3;

@@ -21,6 +21,7 @@
 #endif
 
 #include "core/check.h"
+#include "image/buffer.h"
 #include "image/image.h"
 
 namespace qvl::image {
@@ -207,7 +208,7 @@ RgbImage resize_bicubic_antialias(const RgbImage& src, int out_height, int out_w
     const AxisWeights aw = axis_weights(src.width, out_width);
     horizontal.height = src.height;
     horizontal.width = out_width;
-    horizontal.pixels.resize(static_cast<size_t>(horizontal.height) * horizontal.width * 3);
+    detail::resize_large(horizontal.pixels, static_cast<size_t>(horizontal.height) * horizontal.width * 3);
     horizontal_pass(src.pixels.data(), src.height, src.width, horizontal.pixels.data(), out_width, aw);
     if (out_height == src.height) return horizontal;
     cur = &horizontal;
@@ -216,7 +217,7 @@ RgbImage resize_bicubic_antialias(const RgbImage& src, int out_height, int out_w
   RgbImage out;
   out.height = out_height;
   out.width = cur->width;
-  out.pixels.resize(static_cast<size_t>(out.height) * out.width * 3);
+  detail::resize_large(out.pixels, static_cast<size_t>(out.height) * out.width * 3);
   vertical_pass(cur->pixels.data(), cur->height, cur->width, out.pixels.data(), out_height, aw);
   return out;
 }
