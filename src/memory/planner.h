@@ -14,6 +14,15 @@
 //   and fits == (peak_bytes + margin_bytes <= budget_bytes); shortfall_bytes says by how much not.
 // - Suggestions come cheapest first (FP8 weights, FP8 KV, smaller context, smaller image cap,
 //   N decoder layers in host memory, smaller prefill chunk), each with the bytes it saves alone.
+//
+// Known approximations (tools/bench/plan_vs_measured.py measures them on the GPU machine):
+// - The CUDA context and kernel modules come from a per-architecture table of provisional values.
+// - Weights are counted tensor by tensor (256-byte alignment each); the CUDA backend makes one
+//   cudaMalloc per tensor, so if the driver maps each large one in whole 2 MiB pages the device
+//   holds up to 2 MiB more per large tensor than planned.
+// - KV is counted in whole pages for concurrency × context; the pool commits in chunks (at least
+//   one full context, engine/loader), so a workload that is not whole chunks may commit up to one
+//   chunk more, never past kv_capacity_pages.
 #pragma once
 
 #include <cstdint>
