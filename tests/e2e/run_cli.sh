@@ -8,6 +8,8 @@
 #     an unmarked image comes first, a marked one where its <image> is;
 #   - --max-tokens with --ignore-eos gives exactly that many tokens, finish_reason "length";
 #   - the same --seed gives the same tokens, another seed other tokens;
+#   - a --stop string cut from a greedy answer ends the same run right before it (finish_reason
+#     "stop", the text up to the string, the tokens a prefix of the free run's);
 #   - clear errors and a non-zero exit for a missing model, an unreadable / non-image / truncated
 #     image, more <image> markers than images, a prompt longer than the context, vqa without a
 #     question.
@@ -69,6 +71,23 @@ sample() { "$qvl" run --model tiny --prompt "Say something." --temperature 1.0 -
 a=$(sample 7) && b=$(sample 7) && c=$(sample 8) || fail "seeded runs exited non-zero"
 [ "$a" = "$b" ] || fail "seed 7 gave $a then $b"
 [ "$a" != "$c" ] || fail "seeds 7 and 8 gave the same tokens $a"
+
+# ---- stop strings through the real detokenizer: a piece of a greedy answer stops the same run ----
+"$qvl" run --model tiny --prompt "Tell me a story." --temperature 0 --max-tokens 24 --ignore-eos --json \
+  >"$tmp/free.json" || fail "free run exited non-zero"
+# the first 4-character window without whitespace that first occurs at offset >= 6
+stop=$(json "$tmp/free.json" '(() => { for (let i = 6; i + 4 <= j.text.length; i++) { const w = j.text.slice(i, i + 4);
+  if (!/\s/.test(w) && j.text.indexOf(w) >= 6) return w; } return ""; })()')
+[ -n "$stop" ] || fail "no stop window in $(json "$tmp/free.json" 'JSON.stringify(j.text)')"
+"$qvl" run --model tiny --prompt "Tell me a story." --temperature 0 --max-tokens 24 --ignore-eos --stop "$stop" --json \
+  >"$tmp/stop.json" || fail "stop run exited non-zero"
+[ "$(json "$tmp/stop.json" 'j.finish_reason')" = stop ] || fail "stop: finish_reason $(json "$tmp/stop.json" 'j.finish_reason')"
+node -e "
+const a = JSON.parse(require('fs').readFileSync('$tmp/free.json', 'utf8')), b = JSON.parse(require('fs').readFileSync('$tmp/stop.json', 'utf8'));
+const want = a.text.slice(0, a.text.indexOf(process.argv[1]));
+if (b.text !== want) { console.error('stop text', JSON.stringify(b.text), 'expected', JSON.stringify(want)); process.exit(1); }
+if (b.token_ids.join() !== a.token_ids.slice(0, b.token_ids.length).join()) { console.error('stop tokens are not a prefix'); process.exit(1); }
+" "$stop" || fail "stop string '$stop'"
 
 # ---- errors: a clear message and a non-zero exit ----
 expect_error() {  # name, expected substring, command...
