@@ -102,6 +102,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   ro.limits.max_pages_per_seq = static_cast<int>(m.plan.kv_pages_per_seq);
   ro.limits.max_image_patches = m.plan.image_patches;
   ro.kv_dtype = on_cpu ? options.kv_dtype_cpu : rt.kv_dtype;
+  ro.decode_graphs = !on_cpu;
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                        make_qwen3vl_runner(backend, std::shared_ptr<const Qwen3VLModel>(std::move(model)), ro));
 

@@ -1,6 +1,7 @@
 #include "engine/qwen3vl_runner.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/arena.h"
 #include "core/check.h"
@@ -37,7 +38,10 @@ class Qwen3VLRunner final : public ModelRunner {
  public:
   Qwen3VLRunner(std::shared_ptr<Backend> backend, std::shared_ptr<const Qwen3VLModel> model,
                 const Qwen3VLRunnerOptions& options)
-      : backend_(std::move(backend)), model_(std::move(model)), limits_(options.limits) {
+      : backend_(std::move(backend)),
+        model_(std::move(model)),
+        limits_(options.limits),
+        decode_graphs_(options.decode_graphs) {
     const ModelConfig& c = model_->config();
     info_.vocab_size = c.text.vocab_size;
     info_.image_token_id = c.tokens.image_token_id;
@@ -92,7 +96,8 @@ class Qwen3VLRunner final : public ModelRunner {
   }
 
   Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits_out) override {
-    const int64_t S = step.num_tokens(), B = step.num_seqs(), P = step.max_pages_per_seq;
+    const int64_t S = step.num_tokens(), B = step.num_seqs();
+    int64_t P = step.max_pages_per_seq;
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     QVL_CHECK(S > 0 && S <= limits_.max_step_tokens) << "step of " << S << " rows";
     QVL_CHECK(B > 0 && B <= limits_.max_seqs) << "step of " << B << " sequences";
@@ -100,6 +105,23 @@ class Qwen3VLRunner final : public ModelRunner {
     QVL_CHECK_LE(R, B);
     const int vocab = info_.vocab_size;
     QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
+
+    // A decode-only step (one row per sequence, no image rows) may replay a recording: give it
+    // the bucketed shape the recording was made with.
+    const bool graph = decode_graphs_ && step.images.empty() && S == B && R == B;
+    const std::vector<int32_t>* page_table = &step.page_table;
+    int64_t max_context = step.max_context;
+    if (graph) {
+      const int64_t full = limits_.max_pages_per_seq;
+      wide_page_table_.assign(static_cast<size_t>(B * full), 0);
+      for (int64_t b = 0; b < B; ++b)
+        std::copy_n(step.page_table.begin() + b * P, P, wide_page_table_.begin() + b * full);
+      page_table = &wide_page_table_;
+      P = full;
+      max_context = 256;
+      while (max_context < step.max_context) max_context *= 2;
+      max_context = std::min<int64_t>(max_context, full * cache.page_size);
+    }
 
     // The step's tables into their fixed device buffer.
     Arena in(inputs_buffer_.data(), inputs_buffer_.size(), backend_->device(), "step inputs");
@@ -113,13 +135,13 @@ class Qwen3VLRunner final : public ModelRunner {
     batch.num_seqs = static_cast<int>(B);
     batch.num_tokens = static_cast<int>(S);
     batch.max_pages_per_seq = static_cast<int>(P);
-    batch.max_context = step.max_context;
+    batch.max_context = static_cast<int>(max_context);
     Tensor token_ids = upload({S}, step.token_ids);
     batch.positions = upload({S, 3}, step.positions);
     batch.slots = upload({S}, step.slots);
     batch.query_start = upload({B + 1}, step.query_start);
     batch.context_len = upload({B}, step.context_len);
-    batch.page_table = upload({B, P}, step.page_table);
+    batch.page_table = upload({B, P}, *page_table);
     // A step that only advances prompts still computes one logits row (discarded): the model's
     // lm_head stage takes at least one row.
     const std::vector<int32_t> last_row{static_cast<int32_t>(S - 1)};
@@ -136,7 +158,20 @@ class Qwen3VLRunner final : public ModelRunner {
 
     const DType act = backend_->activation_dtype();
     Tensor logits(logits_buffer_.data(), act, {std::max<int64_t>(R, 1), vocab}, backend_->device());
-    model_->forward(batch, inputs, cache, logits, arena_);
+    if (graph) {
+      // Recordings bind the cache's page count: a grown pool starts a new set.
+      if (cache.num_pages != graph_cache_pages_) {
+        backend_->clear_graphs();
+        graph_cache_pages_ = cache.num_pages;
+      }
+      char key[160];
+      std::snprintf(key, sizeof key, "decode b=%lld p=%lld ctx=%lld kv=%p/%lld arena=%zu", static_cast<long long>(B),
+                    static_cast<long long>(P), static_cast<long long>(max_context), cache.base,
+                    static_cast<long long>(cache.num_pages), arena_.used());
+      backend_->run_graph(key, [&] { model_->forward(batch, inputs, cache, logits, arena_); });
+    } else {
+      model_->forward(batch, inputs, cache, logits, arena_);
+    }
     if (R == 0) {
       backend_->synchronize();
       return Status::ok();
@@ -161,6 +196,9 @@ class Qwen3VLRunner final : public ModelRunner {
   DeviceBuffer arena_buffer_, inputs_buffer_, logits_buffer_;
   Arena arena_;
   std::vector<uint16_t> host_logits_;
+  bool decode_graphs_ = false;
+  std::vector<int32_t> wide_page_table_;
+  int64_t graph_cache_pages_ = -1;
 };
 
 }  // namespace

@@ -22,6 +22,11 @@ namespace qvl {
 struct Qwen3VLRunnerOptions {
   RunnerLimits limits;
   DType kv_dtype = DType::kBF16;  // the KV cache's element type (the pool must use the same)
+  // Run decode-only steps through Backend::run_graph (CUDA graphs). Their host-side shape is
+  // bucketed so that one recording serves many steps: the page table at its full width
+  // (limits.max_pages_per_seq), max_context rounded up to a power of two (at least 256); the
+  // key names every other value (sequences, KV pages, the arena's mark).
+  bool decode_graphs = false;
 };
 
 // `model` must have been made on `backend`; both are kept alive by the runner.

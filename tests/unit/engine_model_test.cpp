@@ -37,7 +37,8 @@ TinyModel& tiny() {
   return *m;
 }
 
-std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64_t pool_pages, int page_size = 4) {
+std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64_t pool_pages, int page_size = 4,
+                                         bool decode_graphs = false) {
   TinyModel& t = tiny();
   EngineOptions eo;
   eo.max_running = max_running;
@@ -47,6 +48,7 @@ std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, page_size, /*max_image_patches=*/64);
   ro.kv_dtype = DType::kF32;
+  ro.decode_graphs = decode_graphs;
   auto runner = make_qwen3vl_runner(t.backend, t.model, ro);
   EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
   const KvLayout layout = (*runner)->info().kv_layout;
@@ -166,6 +168,16 @@ TEST(EngineModel, SameTokensAloneAndInsideABusyBatch) {
   auto busy = run_all(*engine, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(busy[i], alone[i]) << "request " << i;
   EXPECT_EQ(engine->stats().kv_pages_used, 0);
+}
+
+TEST(EngineModel, DecodeGraphShapesGiveTheSameTokens) {
+  // The graph path's bucketed shape (full-width page table, max_context rounded up) on the CPU
+  // backend, where run_graph runs the ops directly: the numbers must not move.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) reqs.push_back(make_request({random_image(2, 2 + 2 * i, 30 + i)}, i, 12));
+  auto plain = make_tiny_engine(3, 32, 64);
+  auto graphs = make_tiny_engine(3, 32, 64, 4, /*decode_graphs=*/true);
+  EXPECT_EQ(run_all(*graphs, reqs), run_all(*plain, reqs));
 }
 
 TEST(EngineModel, SameSeedSameTokens) {
