@@ -19,7 +19,7 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
   app.add_option("--context", a->context, "Tokens per sequence: prompt (text + image tokens) and answer (4096)");
   app.add_option("--max-image-pixels", a->max_image_pixels, "Largest image in pixels (the model's max_pixels)");
   app.add_option("--max-image-tokens", a->max_image_tokens, "Largest image in merged tokens");
-  app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step, prefill and decode rows together (512)");
+  app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step, prefill and decode rows together (2048)");
   app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8")
       ->check(CLI::IsMember({"bf16", "fp8"}));
 }

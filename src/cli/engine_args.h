@@ -24,7 +24,7 @@ struct EngineArgs {
   int64_t context = 4096;         // prompt + answer tokens per sequence
   int64_t max_image_pixels = 0;   // 0 = the model's max_pixels
   int64_t max_image_tokens = 0;   // 0 = only the pixel cap
-  int64_t prefill_chunk = 512;    // rows per decoder step
+  int64_t prefill_chunk = 2048;   // rows per decoder step
   std::string kv_dtype = "bf16";  // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
 };
 

@@ -55,6 +55,8 @@ class EngineImpl final : public Engine {
         options_(std::move(options)),
         wakeup_(std::make_shared<Wakeup>()),
         scheduler_(*pool_, *runner_, options_) {
+    // The largest logits block up front, so a busier step later does not grow the process.
+    logits_.assign(static_cast<size_t>(options_.max_running) * runner_->info().vocab_size, 0.0f);
     publish_stats();
     thread_ = std::thread([this] { loop(); });
   }
@@ -282,10 +284,11 @@ void EngineImpl::advance(Sequence* seq, int32_t token, Clock::time_point now) {
 void EngineImpl::run_step(Scheduler::Plan& plan) {
   const auto t0 = Clock::now();
   const int vocab = runner_->info().vocab_size;
-  logits_.resize(plan.input.logits_rows.size() * static_cast<size_t>(vocab));
+  QVL_CHECK_LE(plan.input.logits_rows.size() * static_cast<size_t>(vocab), logits_.size());
   Status st;
   try {
-    st = runner_->forward(plan.input, pool_->view(), logits_);
+    st = runner_->forward(plan.input, pool_->view(),
+                          std::span<float>(logits_.data(), plan.input.logits_rows.size() * static_cast<size_t>(vocab)));
   } catch (const std::exception& e) {
     st = internal_error(std::string("forward: ") + e.what());
   }

@@ -59,6 +59,10 @@ class Qwen3VLRunner final : public ModelRunner {
     arena_ = Arena(arena_buffer_.data(), arena_buffer_.size(), dev, "activation arena");
     QVL_ASSIGN_OR_RETURN(inputs_buffer_, backend_->allocate(static_cast<size_t>(sizes.step_inputs), "step inputs"));
     QVL_ASSIGN_OR_RETURN(logits_buffer_, backend_->allocate(static_cast<size_t>(sizes.logits), "logits"));
+    // Written once now, so that host memory (the CPU backend) is resident from the start rather
+    // than growing with the busiest step.
+    const std::vector<uint8_t> zeros(static_cast<size_t>(sizes.logits), 0);
+    backend_->copy_to_device(Tensor(logits_buffer_.data(), DType::kU8, {sizes.logits}, dev), zeros.data());
     if (act != DType::kF32) host_logits_.resize(static_cast<size_t>(limits_.max_seqs) * c.text.vocab_size);
     return Status::ok();
   }

@@ -87,23 +87,23 @@ void Sampler::keep_top_k(std::span<const float> logits, int k) {
   float kth;
   if (k <= 256) {
     // One pass with a min-heap of the k best: most scores lose one comparison with its top.
-    kth_scratch_.assign(logits.begin(), logits.begin() + k);
-    std::make_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
+    sc_->kth.assign(logits.begin(), logits.begin() + k);
+    std::make_heap(sc_->kth.begin(), sc_->kth.end(), std::greater<float>());
     for (size_t i = static_cast<size_t>(k); i < logits.size(); ++i) {
-      if (logits[i] <= kth_scratch_.front()) continue;
-      std::pop_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
-      kth_scratch_.back() = logits[i];
-      std::push_heap(kth_scratch_.begin(), kth_scratch_.end(), std::greater<float>());
+      if (logits[i] <= sc_->kth.front()) continue;
+      std::pop_heap(sc_->kth.begin(), sc_->kth.end(), std::greater<float>());
+      sc_->kth.back() = logits[i];
+      std::push_heap(sc_->kth.begin(), sc_->kth.end(), std::greater<float>());
     }
-    kth = kth_scratch_.front();
+    kth = sc_->kth.front();
   } else {
-    kth_scratch_.assign(logits.begin(), logits.end());
-    std::nth_element(kth_scratch_.begin(), kth_scratch_.begin() + (k - 1), kth_scratch_.end(), std::greater<float>());
-    kth = kth_scratch_[k - 1];
+    sc_->kth.assign(logits.begin(), logits.end());
+    std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
+    kth = sc_->kth[k - 1];
   }
-  cand_.clear();
+  sc_->cand.clear();
   for (int32_t i = 0; i < vocab_size_; ++i)
-    if (logits[i] >= kth) cand_.push_back({i, logits[i], 0.0f});
+    if (logits[i] >= kth) sc_->cand.push_back({i, logits[i], 0.0f});
 }
 
 double Sampler::filter(std::span<const float> logits) {
@@ -113,14 +113,14 @@ double Sampler::filter(std::span<const float> logits) {
   float max_score = -INFINITY;
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
     keep_top_k(logits, params_.top_k);
-    for (const auto& c : cand_) max_score = std::max(max_score, c.score);
-    for (auto& c : cand_) total += c.weight = std::exp((c.score - max_score) * inv_t);
+    for (const auto& c : sc_->cand) max_score = std::max(max_score, c.score);
+    for (auto& c : sc_->cand) total += c.weight = std::exp((c.score - max_score) * inv_t);
   } else {
     // The whole vocabulary: weights in one flat array (vectorised), candidates only if a filter
     // below needs them.
     for (float v : logits) max_score = std::max(max_score, v);
-    full_weights_.resize(logits.size());
-    float* w = full_weights_.data();
+    sc_->full_weights.resize(logits.size());
+    float* w = sc_->full_weights.data();
     const float* l = logits.data();
     const size_t n = logits.size();
     row_weights(w, l, n, max_score, inv_t);
@@ -132,9 +132,9 @@ double Sampler::filter(std::span<const float> logits) {
     // Top-p below can only keep tokens over its cutoff; min-p only tokens over min_p.
     double floor = params_.top_p < 1.0f ? (1.0 - params_.top_p) * total / static_cast<double>(n) : 0.0;
     if (params_.min_p > 0.0f) floor = std::max(floor, static_cast<double>(params_.min_p) * 0.999);
-    cand_.clear();
+    sc_->cand.clear();
     for (size_t i = 0; i < n; ++i)
-      if (w[i] >= floor) cand_.push_back({static_cast<int32_t>(i), l[i], w[i]});
+      if (w[i] >= floor) sc_->cand.push_back({static_cast<int32_t>(i), l[i], w[i]});
   }
 
   if (params_.top_p < 1.0f) {
@@ -142,33 +142,39 @@ double Sampler::filter(std::span<const float> logits) {
     // (HF: ascending cumsum <= 1 - top_p is removed). Tokens under (1 - top_p) · total / n are
     // out however the rest falls (together they weigh less than what top-p removes), so only
     // the others are sorted.
-    const double cutoff = (1.0 - params_.top_p) * total / static_cast<double>(std::max<size_t>(cand_.size(), 1));
-    std::erase_if(cand_, [&](const Candidate& c) { return c.weight < cutoff; });
-    std::sort(cand_.begin(), cand_.end(), [](const Candidate& a, const Candidate& b) {
+    const double cutoff = (1.0 - params_.top_p) * total / static_cast<double>(std::max<size_t>(sc_->cand.size(), 1));
+    std::erase_if(sc_->cand, [&](const Candidate& c) { return c.weight < cutoff; });
+    std::sort(sc_->cand.begin(), sc_->cand.end(), [](const Candidate& a, const Candidate& b) {
       return a.score > b.score || (a.score == b.score && a.id < b.id);
     });
     const double target = static_cast<double>(params_.top_p) * total;
     size_t kept = 0;
     double before = 0;
-    while (kept < cand_.size() && (kept == 0 || before < target)) before += cand_[kept++].weight;
-    cand_.resize(kept);
-    std::sort(cand_.begin(), cand_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    while (kept < sc_->cand.size() && (kept == 0 || before < target)) before += sc_->cand[kept++].weight;
+    sc_->cand.resize(kept);
+    std::sort(sc_->cand.begin(), sc_->cand.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
   }
 
   if (params_.min_p > 0.0f) {
     // p_i >= min_p · p_max  <=>  weight_i >= min_p (the most probable token weighs exactly 1).
     const float min_p = params_.min_p;
-    std::erase_if(cand_, [&](const Candidate& c) { return c.weight < min_p; });
+    std::erase_if(sc_->cand, [&](const Candidate& c) { return c.weight < min_p; });
   }
 
-  QVL_CHECK(!cand_.empty()) << "sampler filtered out every token";
+  QVL_CHECK(!sc_->cand.empty()) << "sampler filtered out every token";
   double sum = 0;
-  for (const auto& c : cand_) sum += c.weight;
+  for (const auto& c : sc_->cand) sum += c.weight;
   return sum;
+}
+
+Sampler::Scratch& Sampler::scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
 std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
   QVL_CHECK_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(vocab_size_));
+  sc_ = &scratch();
   apply_penalties(logits);
   if (greedy()) {
     auto it = std::max_element(logits.begin(), logits.end());  // first maximum, like torch.argmax
@@ -177,11 +183,11 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
   const double sum = filter(logits);
   std::vector<TokenProb> out;
   if (all_survive_) {
-    out.resize(full_weights_.size());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = {static_cast<int32_t>(i), full_weights_[i] / sum};
+    out.resize(sc_->full_weights.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = {static_cast<int32_t>(i), sc_->full_weights[i] / sum};
   } else {
-    out.resize(cand_.size());
-    for (size_t i = 0; i < cand_.size(); ++i) out[i] = {cand_[i].id, cand_[i].weight / sum};
+    out.resize(sc_->cand.size());
+    for (size_t i = 0; i < sc_->cand.size(); ++i) out[i] = {sc_->cand[i].id, sc_->cand[i].weight / sum};
   }
   return out;
 }
@@ -202,6 +208,7 @@ double Sampler::uniform() {
 
 int32_t Sampler::sample(std::span<float> logits) {
   QVL_CHECK_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(vocab_size_));
+  sc_ = &scratch();
   apply_penalties(logits);
   if (greedy()) {
     auto it = std::max_element(logits.begin(), logits.end());
@@ -212,17 +219,17 @@ int32_t Sampler::sample(std::span<float> logits) {
   const double target = uniform() * sum;
   double cum = 0;
   if (all_survive_) {
-    for (size_t i = 0; i < full_weights_.size(); ++i) {
-      cum += full_weights_[i];
+    for (size_t i = 0; i < sc_->full_weights.size(); ++i) {
+      cum += sc_->full_weights[i];
       if (target < cum) return static_cast<int32_t>(i);
     }
-    return static_cast<int32_t>(full_weights_.size() - 1);
+    return static_cast<int32_t>(sc_->full_weights.size() - 1);
   }
-  for (const auto& c : cand_) {
+  for (const auto& c : sc_->cand) {
     cum += c.weight;
     if (target < cum) return c.id;
   }
-  return cand_.back().id;
+  return sc_->cand.back().id;
 }
 
 }  // namespace qvl

@@ -77,8 +77,8 @@ class Sampler {
   };
   void apply_penalties(std::span<float> logits) const;
   // Finds the tokens that survive temperature, top-k, top-p and min-p and returns the sum of
-  // their weights. Survivors are every token with its weight in full_weights_ when all_survive_,
-  // else cand_ (id order).
+  // their weights. Survivors are every token with its weight in scratch().full_weights when
+  // all_survive_, else scratch().cand (id order).
   double filter(std::span<const float> logits);
   void keep_top_k(std::span<const float> logits, int k);
   double uniform();
@@ -91,11 +91,16 @@ class Sampler {
   std::vector<uint64_t> seen_bits_;  // vocab_size bits: token seen in prompt or output
   std::vector<int32_t> seen_list_;   // the distinct seen tokens, for O(seen) penalties
   std::unordered_map<int32_t, int32_t> generated_counts_;
-  // Scratch reused across calls (no allocation per token once warm).
-  std::vector<Candidate> cand_;
-  std::vector<float> full_weights_;
   bool all_survive_ = false;
-  std::vector<float> kth_scratch_;
+  // Scratch of the calling thread (one per thread, reused by every sampler it runs, so the
+  // engine's sampling threads allocate once rather than once per request).
+  struct Scratch {
+    std::vector<Candidate> cand;
+    std::vector<float> full_weights;
+    std::vector<float> kth;
+  };
+  static Scratch& scratch();
+  Scratch* sc_ = nullptr;
 };
 
 }  // namespace qvl
