@@ -4,9 +4,10 @@
 Run on the GPU machine (torch 2.11 CPU, torchvision 0.26, transformers 5.17, PIL 12.3):
     python3 tools/reference/make_test_images.py --out OUT
     python3 tools/reference/image_refs.py --images OUT/images --out OUT
-It writes OUT/image_refs/ (refs.json, resized/<image>.u8z, MANIFEST), copies the images to
-OUT/images/ with a MANIFEST, and packs both into OUT/image_fixtures.tar.gz, to be unpacked
-into tests/fixtures/ (giving tests/fixtures/images/ and tests/fixtures/image_refs/).
+It writes OUT/image_refs/ (refs.json, resized/<image>.u8z, MANIFEST) and copies the images to
+OUT/images/ with a MANIFEST; both directories go to tests/fixtures/ (giving
+tests/fixtures/images/ and tests/fixtures/image_refs/). With --pack it also packs them into
+OUT/image_fixtures.tar.gz (tools/device/refs.sh packs OUT itself and does not ask for it).
 
 Per image, refs.json holds:
   * PIL: format, mode, size as opened; crc32/sha256/sum of PIL's convert("RGB") bytes
@@ -16,7 +17,8 @@ Per image, refs.json holds:
     shape, float64 sum and sum of squares, crc32 of the float32 bytes;
   * the resized uint8 image (before normalisation): its size, crc32/sha256, and the bytes
     themselves (zlib, resized/<image>.u8z, (H, W, 3) row-major) - every row for images up to
-    1.2 M resized pixels, every 16th row (listed in "resized_rows") above that.
+    1.2 M resized pixels, every 32nd row (listed in "resized_rows") above that, none when the
+    size is unchanged ("resized_is_decoded": the reference returns the decoded image as is).
 The script checks that pixel_values == patchify((resized - 127.5) / 127.5) bit for bit, so the
 stored uint8 image determines the reference tensor exactly.
 Also recorded, for information only: the crc32 of torchvision.io.decode_image(..., RGB) of the
@@ -34,7 +36,7 @@ import tarfile
 import zlib
 
 FULL_LIMIT = 1_200_000  # resized pixels up to which every row is stored
-ROW_STEP = 16           # above it, every 16th row
+ROW_STEP = 32           # above it, every 32nd row
 
 PREPROCESSOR_CONFIG = dict(
     do_convert_rgb=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=0.00392156862745098,
@@ -50,6 +52,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", required=True, help="directory written by make_test_images.py")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pack", action="store_true", help="also write OUT/image_fixtures.tar.gz")
     args = ap.parse_args()
 
     import numpy as np
@@ -140,13 +143,18 @@ def main():
                 if torch.equal(c, pv):
                     e["pv_formula"] = label
                     print(f"image_refs:   {name}: pixel_values match {label}")
-        if h * w <= FULL_LIMIT:
-            rows = list(range(h))
+        if (h, w) == (rgb.size[1], rgb.size[0]):
+            # torchvision returns the input unchanged: the reference uint8 image is the decoded
+            # one (rgb_sha256), nothing more to store.
+            e["resized_is_decoded"] = True
         else:
-            rows = list(range(0, h, ROW_STEP))
-            e["resized_rows"] = rows
-        with open(os.path.join(resized_dir, name + ".u8z"), "wb") as f:
-            f.write(zlib.compress(np.ascontiguousarray(hwc[rows]).tobytes(), 9))
+            if h * w <= FULL_LIMIT:
+                rows = list(range(h))
+            else:
+                rows = list(range(0, h, ROW_STEP))
+                e["resized_rows"] = rows
+            with open(os.path.join(resized_dir, name + ".u8z"), "wb") as f:
+                f.write(zlib.compress(np.ascontiguousarray(hwc[rows]).tobytes(), 9))
 
         try:
             from torchvision.io import ImageReadMode, decode_image
@@ -175,12 +183,16 @@ def main():
     with open(os.path.join(images_out, "MANIFEST"), "w") as f:
         f.write(manifest + "contents: the test images written by make_test_images.py (PIL's encoders plus "
                 "the script's own PNG and YCCK JPEG writers)\n")
-    tar_path = os.path.join(args.out, "image_fixtures.tar.gz")
-    with tarfile.open(tar_path, "w:gz") as tar:
-        tar.add(images_out, arcname="images")
-        tar.add(refs_dir, arcname="image_refs")
-    print(f"image_refs: {len(entries)} images, {failures} pixel_values check failures, wrote {tar_path} "
-          f"({os.path.getsize(tar_path) / 1e6:.2f} MB)")
+    sizes = {d: sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+             for d in (images_out, refs_dir)}
+    print(f"image_refs: {len(entries)} images, {failures} pixel_values check failures; "
+          + ", ".join(f"{d} {n / 1e6:.2f} MB" for d, n in sizes.items()))
+    if args.pack:
+        tar_path = os.path.join(args.out, "image_fixtures.tar.gz")
+        with tarfile.open(tar_path, "w:gz") as tar:
+            tar.add(images_out, arcname="images")
+            tar.add(refs_dir, arcname="image_refs")
+        print(f"image_refs: wrote {tar_path} ({os.path.getsize(tar_path) / 1e6:.2f} MB)")
     if failures:
         sys.exit(1)
 
