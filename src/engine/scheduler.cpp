@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace qvl::engine_detail {
 
@@ -45,6 +46,8 @@ void Scheduler::preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
   release(*seq);
+  log_debug("preempted request '" + seq->request.request_id + "' (" + std::to_string(seq->tokens.size()) +
+            " tokens) to free KV pages; it will be recomputed");
   seq->num_cached = 0;
   ++seq->preemptions;
   waiting_.push_front(std::move(seq));
