@@ -114,7 +114,8 @@ int run_inspect(const InspectArgs& a) {
     std::printf("tokens:         %lld\n", static_cast<long long>(image_token_count(p, opts.merge_size)));
     std::printf("pixel_values:   [%lld, %lld] sum %.9g sumsq %.9g\n", static_cast<long long>(p.num_patches()),
                 static_cast<long long>(patch_dim), sum, sumsq);
-    if (a.bench > 0) std::printf("bench:          median %.2f ms, min %.2f ms over %d runs\n", median_ms, times_ms.front(), a.bench);
+    if (a.bench > 0)
+      std::printf("bench:          median %.2f ms, min %.2f ms over %d runs\n", median_ms, times_ms.front(), a.bench);
   }
   return 0;
 }

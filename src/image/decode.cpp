@@ -54,9 +54,12 @@ Status check_file_size(std::span<const uint8_t> data, const DecodeLimits& limits
 
 const char* image_format_name(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kJpeg: return "JPEG";
-    case ImageFormat::kPng: return "PNG";
-    case ImageFormat::kWebp: return "WEBP";
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kWebp:
+      return "WEBP";
   }
   return "?";
 }
@@ -67,14 +70,19 @@ Result<ImageFormat> sniff_format(std::span<const uint8_t> data) {
   if (starts_with(data, "\x89PNG\r\n\x1A\n", 8)) return ImageFormat::kPng;
   if (starts_with(data, "RIFF", 4) && starts_with(data, "WEBP", 4, 8)) return ImageFormat::kWebp;
   const char* other = nullptr;
-  if (starts_with(data, "GIF87a", 6) || starts_with(data, "GIF89a", 6)) other = "GIF";
-  else if (starts_with(data, "BM", 2)) other = "BMP";
-  else if (starts_with(data, "II*\0", 4) || starts_with(data, "MM\0*", 4)) other = "TIFF";
-  else if (starts_with(data, "ftypavif", 8, 4) || starts_with(data, "ftypavis", 8, 4)) other = "AVIF";
-  else if (starts_with(data, "ftyp", 4, 4)) other = "HEIF/ISO-BMFF";
-  else if (starts_with(data, "\0\0\0\x0CjP  ", 8)) other = "JPEG 2000";
-  if (other)
-    return unimplemented(std::string(other) + " images are not supported (supported: JPEG, PNG, WebP)");
+  if (starts_with(data, "GIF87a", 6) || starts_with(data, "GIF89a", 6))
+    other = "GIF";
+  else if (starts_with(data, "BM", 2))
+    other = "BMP";
+  else if (starts_with(data, "II*\0", 4) || starts_with(data, "MM\0*", 4))
+    other = "TIFF";
+  else if (starts_with(data, "ftypavif", 8, 4) || starts_with(data, "ftypavis", 8, 4))
+    other = "AVIF";
+  else if (starts_with(data, "ftyp", 4, 4))
+    other = "HEIF/ISO-BMFF";
+  else if (starts_with(data, "\0\0\0\x0CjP  ", 8))
+    other = "JPEG 2000";
+  if (other) return unimplemented(std::string(other) + " images are not supported (supported: JPEG, PNG, WebP)");
   return invalid_argument("unrecognised image data (" + std::to_string(data.size()) + " bytes, starting " +
                           hex_prefix(data) + "); supported: JPEG, PNG, WebP");
 }
@@ -83,9 +91,12 @@ Result<ImageInfo> probe_image(std::span<const uint8_t> data, const DecodeLimits&
   QVL_RETURN_IF_ERROR(check_file_size(data, limits));
   QVL_ASSIGN_OR_RETURN(ImageFormat format, sniff_format(data));
   switch (format) {
-    case ImageFormat::kJpeg: return detail::probe_jpeg(data, limits);
-    case ImageFormat::kPng: return detail::probe_png(data, limits);
-    case ImageFormat::kWebp: return detail::probe_webp(data, limits);
+    case ImageFormat::kJpeg:
+      return detail::probe_jpeg(data, limits);
+    case ImageFormat::kPng:
+      return detail::probe_png(data, limits);
+    case ImageFormat::kWebp:
+      return detail::probe_webp(data, limits);
   }
   return internal_error("unhandled image format");
 }
@@ -94,9 +105,12 @@ Result<DecodedImage> decode_image(std::span<const uint8_t> data, const DecodeLim
   QVL_RETURN_IF_ERROR(check_file_size(data, limits));
   QVL_ASSIGN_OR_RETURN(ImageFormat format, sniff_format(data));
   switch (format) {
-    case ImageFormat::kJpeg: return detail::decode_jpeg(data, limits);
-    case ImageFormat::kPng: return detail::decode_png(data, limits);
-    case ImageFormat::kWebp: return detail::decode_webp(data, limits);
+    case ImageFormat::kJpeg:
+      return detail::decode_jpeg(data, limits);
+    case ImageFormat::kPng:
+      return detail::decode_png(data, limits);
+    case ImageFormat::kWebp:
+      return detail::decode_webp(data, limits);
   }
   return internal_error("unhandled image format");
 }

@@ -40,7 +40,9 @@ struct JpegContext {
   }
 };
 
-JpegContext* context_of(j_common_ptr cinfo) { return static_cast<JpegContext*>(cinfo->client_data); }
+JpegContext* context_of(j_common_ptr cinfo) {
+  return static_cast<JpegContext*>(cinfo->client_data);
+}
 
 void on_error_exit(j_common_ptr cinfo) {
   JpegContext* ctx = context_of(cinfo);
@@ -119,9 +121,15 @@ Result<ImageInfo> header_info(JpegContext* ctx, std::span<const uint8_t> data, c
   info.width = static_cast<int>(ctx->cinfo.image_width);
   info.height = static_cast<int>(ctx->cinfo.image_height);
   switch (ctx->cinfo.num_components) {
-    case 1: info.mode = "L"; break;
-    case 3: info.mode = "RGB"; break;
-    case 4: info.mode = "CMYK"; break;
+    case 1:
+      info.mode = "L";
+      break;
+    case 3:
+      info.mode = "RGB";
+      break;
+    case 4:
+      info.mode = "CMYK";
+      break;
     default:
       return unimplemented("JPEG: cannot handle " + std::to_string(ctx->cinfo.num_components) +
                            "-component images (1, 3 or 4 are supported)");

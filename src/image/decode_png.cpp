@@ -104,22 +104,25 @@ bool read_rows(PngContext* ctx, size_t row_bytes, uint8_t** rows) {
 
 const char* pil_mode(const Header& h) {
   switch (h.color_type) {
-    case PNG_COLOR_TYPE_GRAY: return h.bit_depth == 1 ? "1" : (h.bit_depth == 16 ? "I;16" : "L");
-    case PNG_COLOR_TYPE_RGB: return "RGB";
-    case PNG_COLOR_TYPE_PALETTE: return "P";
-    case PNG_COLOR_TYPE_GRAY_ALPHA: return h.bit_depth == 16 ? "RGBA" : "LA";
-    case PNG_COLOR_TYPE_RGB_ALPHA: return "RGBA";
+    case PNG_COLOR_TYPE_GRAY:
+      return h.bit_depth == 1 ? "1" : (h.bit_depth == 16 ? "I;16" : "L");
+    case PNG_COLOR_TYPE_RGB:
+      return "RGB";
+    case PNG_COLOR_TYPE_PALETTE:
+      return "P";
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      return h.bit_depth == 16 ? "RGBA" : "LA";
+    case PNG_COLOR_TYPE_RGB_ALPHA:
+      return "RGBA";
   }
   return nullptr;
 }
 
 Status png_error(const PngContext& ctx, const char* stage) {
-  return data_loss(std::string("PNG: ") + (ctx.message[0] ? ctx.message : "unknown libpng error") + " (" + stage +
-                   ")");
+  return data_loss(std::string("PNG: ") + (ctx.message[0] ? ctx.message : "unknown libpng error") + " (" + stage + ")");
 }
 
-Result<ImageInfo> header_info(PngContext* ctx, std::span<const uint8_t> data, const DecodeLimits& limits,
-                              Header* h) {
+Result<ImageInfo> header_info(PngContext* ctx, std::span<const uint8_t> data, const DecodeLimits& limits, Header* h) {
   ctx->data = data.data();
   ctx->size = data.size();
   // IHDR is the first chunk (signature, length, "IHDR", width, height): the size limits are
@@ -196,7 +199,8 @@ Result<DecodedImage> decode_png(std::span<const uint8_t> data, const DecodeLimit
         }
       } else {
         const int scale = h.bit_depth == 1 ? 255 : (h.bit_depth == 2 ? 0x55 : (h.bit_depth == 4 ? 0x11 : 1));
-        for (size_t i = 0; i < n; ++i) dst[3 * i] = dst[3 * i + 1] = dst[3 * i + 2] = static_cast<uint8_t>(s[i] * scale);
+        for (size_t i = 0; i < n; ++i)
+          dst[3 * i] = dst[3 * i + 1] = dst[3 * i + 2] = static_cast<uint8_t>(s[i] * scale);
       }
       break;
     }
@@ -220,7 +224,8 @@ Result<DecodedImage> decode_png(std::span<const uint8_t> data, const DecodeLimit
       }
       break;
     }
-    default: return data_loss("PNG: unknown colour type " + std::to_string(h.color_type));
+    default:
+      return data_loss("PNG: unknown colour type " + std::to_string(h.color_type));
   }
   return out;
 }

@@ -42,7 +42,7 @@ const std::array<float, 256>& normalize_table() {
     const float mean = 127.5f, std_dev = 127.5f;
     for (int v = 0; v < 256; ++v) {
       const float centered = static_cast<float>(v) - mean;  // exact
-      t[v] = centered / std_dev;                           // IEEE division, as torch's div_
+      t[v] = centered / std_dev;                            // IEEE division, as torch's div_
     }
     return t;
   }();
@@ -58,7 +58,9 @@ int64_t PreprocessOptions::effective_max_pixels() const {
   return m;
 }
 
-int64_t PreprocessOptions::effective_min_pixels() const { return std::min(min_pixels, effective_max_pixels()); }
+int64_t PreprocessOptions::effective_min_pixels() const {
+  return std::min(min_pixels, effective_max_pixels());
+}
 
 Status PreprocessOptions::validate() const {
   if (patch_size <= 0 || merge_size <= 0 || temporal_patch_size <= 0)
@@ -71,8 +73,8 @@ Status PreprocessOptions::validate() const {
                             "max_pixels " + std::to_string(max_pixels) + " at least one token (" +
                             std::to_string(one_token) + " pixels)");
   if (max_image_pixels < 0 || (max_image_pixels > 0 && max_image_pixels < one_token))
-    return invalid_argument("--max-image-pixels " + std::to_string(max_image_pixels) +
-                            " is below one image token (" + std::to_string(one_token) + " pixels)");
+    return invalid_argument("--max-image-pixels " + std::to_string(max_image_pixels) + " is below one image token (" +
+                            std::to_string(one_token) + " pixels)");
   if (max_image_tokens < 0)
     return invalid_argument("--max-image-tokens " + std::to_string(max_image_tokens) + " must not be negative");
   return Status::ok();
@@ -80,8 +82,7 @@ Status PreprocessOptions::validate() const {
 
 Result<ResizeTarget> smart_resize(int height, int width, int factor, int64_t min_pixels, int64_t max_pixels) {
   if (height <= 0 || width <= 0)
-    return invalid_argument("image size " + std::to_string(width) + "x" + std::to_string(height) +
-                            " must be positive");
+    return invalid_argument("image size " + std::to_string(width) + "x" + std::to_string(height) + " must be positive");
   QVL_CHECK_GT(factor, 0);
   const int64_t long_side = std::max(height, width), short_side = std::min(height, width);
   // max/min > 200 in Python's float division; exact as an integer comparison for these sizes.
@@ -94,7 +95,8 @@ Result<ResizeTarget> smart_resize(int height, int width, int factor, int64_t min
   if (h_bar * w_bar > max_pixels) {
     return shrink_to(height, width, factor, max_pixels);
   } else if (h_bar * w_bar < min_pixels) {
-    double beta = std::sqrt(static_cast<double>(min_pixels) / static_cast<double>(static_cast<int64_t>(height) * width));
+    double beta =
+        std::sqrt(static_cast<double>(min_pixels) / static_cast<double>(static_cast<int64_t>(height) * width));
     h_bar = static_cast<int64_t>(std::ceil(static_cast<double>(height) * beta / factor)) * factor;
     w_bar = static_cast<int64_t>(std::ceil(static_cast<double>(width) * beta / factor)) * factor;
   }
@@ -107,7 +109,8 @@ Result<ResizeTarget> target_size(int height, int width, const PreprocessOptions&
   QVL_ASSIGN_OR_RETURN(ResizeTarget t,
                        smart_resize(height, width, options.factor(), options.effective_min_pixels(), max_px));
   const bool capped = max_px < options.max_pixels;
-  if (capped && static_cast<int64_t>(t.height) * t.width > max_px) t = shrink_to(height, width, options.factor(), max_px);
+  if (capped && static_cast<int64_t>(t.height) * t.width > max_px)
+    t = shrink_to(height, width, options.factor(), max_px);
   return t;
 }
 
@@ -161,8 +164,7 @@ PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
         float* d = plane + static_cast<int64_t>(py) * p;
         for (int px = 0; px < p; ++px) d[px] = lut[s[px * 3]];
       }
-      for (int t = 1; t < tps; ++t)
-        std::memcpy(plane + static_cast<int64_t>(t) * p * p, plane, sizeof(float) * p * p);
+      for (int t = 1; t < tps; ++t) std::memcpy(plane + static_cast<int64_t>(t) * p * p, plane, sizeof(float) * p * p);
     }
   }
   return out;

@@ -136,8 +136,8 @@ void accumulate_pair(int32_t* acc, const uint8_t* in0, const uint8_t* in1, int16
   int64_t k = 0;
 #ifdef __SSE2__
   const __m128i zero = _mm_setzero_si128();
-  const __m128i w = _mm_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(w1)) << 16) |
-                                                        static_cast<uint16_t>(w0)));
+  const __m128i w = _mm_set1_epi32(
+      static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(w1)) << 16) | static_cast<uint16_t>(w0)));
   for (; k + 16 <= n; k += 16) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in0 + k));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in1 + k));
@@ -160,10 +160,10 @@ void store_row(uint8_t* out, const int32_t* acc, int precision, int64_t n) {
   for (; k + 16 <= n; k += 16) {
     const __m128i* a = reinterpret_cast<const __m128i*>(acc + k);
     // Saturating packs int32 -> int16 -> uint8 equal the clamp to [0, 255].
-    const __m128i s0 = _mm_packs_epi32(_mm_sra_epi32(_mm_loadu_si128(a + 0), shift),
-                                       _mm_sra_epi32(_mm_loadu_si128(a + 1), shift));
-    const __m128i s1 = _mm_packs_epi32(_mm_sra_epi32(_mm_loadu_si128(a + 2), shift),
-                                       _mm_sra_epi32(_mm_loadu_si128(a + 3), shift));
+    const __m128i s0 =
+        _mm_packs_epi32(_mm_sra_epi32(_mm_loadu_si128(a + 0), shift), _mm_sra_epi32(_mm_loadu_si128(a + 1), shift));
+    const __m128i s1 =
+        _mm_packs_epi32(_mm_sra_epi32(_mm_loadu_si128(a + 2), shift), _mm_sra_epi32(_mm_loadu_si128(a + 3), shift));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_packus_epi16(s0, s1));
   }
 #endif

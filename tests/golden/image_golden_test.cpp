@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,8 +66,8 @@ const Refs& refs() {
   return r;
 }
 
-#define REQUIRE_REFS()                                                                                         \
-  if (!refs().ok)                                                                                              \
+#define REQUIRE_REFS()                                                                                            \
+  if (!refs().ok)                                                                                                 \
   GTEST_SKIP() << "fixture tests/fixtures/image_refs/refs.json missing: run tools/reference/make_test_images.py " \
                   "and tools/reference/image_refs.py on the GPU machine"
 
@@ -205,10 +205,11 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
                 name.c_str(), image_format_name(d.info.format), d.info.mode.c_str(), d.rgb.width, d.rgb.height, rw, rh,
                 decode_same ? "same" : "DIFFERENT", 100.0 * same / std::max<int64_t>(n, 1), max_diff);
   }
-  std::printf("[ summary  ] pixel_values bit-identical: %.6f%% of %lld compared uint8 values; %d images not "
-              "bit-identical; %d decode mismatches\n",
-              100.0 * identical / std::max<int64_t>(compared, 1), static_cast<long long>(compared),
-              images_not_identical, decode_mismatches);
+  std::printf(
+      "[ summary  ] pixel_values bit-identical: %.6f%% of %lld compared uint8 values; %d images not "
+      "bit-identical; %d decode mismatches\n",
+      100.0 * identical / std::max<int64_t>(compared, 1), static_cast<long long>(compared), images_not_identical,
+      decode_mismatches);
 }
 
 TEST(ImageGolden, InspectImageCliReportsTheReferenceNumbers) {

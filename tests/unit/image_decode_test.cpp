@@ -3,6 +3,7 @@
 // (quoted next to each case). Also: limits checked from the header, truncated and corrupt
 // data as errors, and format sniffing.
 #include <gtest/gtest.h>
+#include <jpeglib.h>
 #include <png.h>
 #include <webp/encode.h>
 #include <zlib.h>
@@ -11,8 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
-
-#include <jpeglib.h>
 
 #include "image/image.h"
 
@@ -147,8 +146,7 @@ TEST(DecodePng, PaletteWithTransparencyAndShortPalette) {
   // 4-bit indices 0, 1, 2, 5 against a 3-entry palette with tRNS: entries past the palette
   // are black (PIL's zeroed palette), tRNS does not change RGB.
   std::vector<png_color> pal = {{255, 0, 0}, {0, 255, 0}, {1, 2, 3}};
-  DecodedImage d =
-      decode_ok(encode_png(4, 1, 4, PNG_COLOR_TYPE_PALETTE, {0x01, 0x25}, 2, pal, Bytes{0, 128, 255}));
+  DecodedImage d = decode_ok(encode_png(4, 1, 4, PNG_COLOR_TYPE_PALETTE, {0x01, 0x25}, 2, pal, Bytes{0, 128, 255}));
   EXPECT_EQ(d.info.mode, "P");
   EXPECT_EQ(d.rgb.pixels, (Bytes{255, 0, 0, 0, 255, 0, 1, 2, 3, 0, 0, 0}));
 }
@@ -169,7 +167,8 @@ Bytes gradient(int w, int h, int comps) {
   Bytes s(static_cast<size_t>(w) * h * comps);
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
-      for (int c = 0; c < comps; ++c) s[(static_cast<size_t>(y) * w + x) * comps + c] = static_cast<uint8_t>(40 + x * 3 + y * 2 + 20 * c);
+      for (int c = 0; c < comps; ++c)
+        s[(static_cast<size_t>(y) * w + x) * comps + c] = static_cast<uint8_t>(40 + x * 3 + y * 2 + 20 * c);
   return s;
 }
 

@@ -115,7 +115,8 @@ RgbImage constant_image(int h, int w, uint8_t r, uint8_t g, uint8_t b) {
 TEST(Resize, ConstantImagesStayConstant) {
   // The int16 weights of each output sum to 2^precision within rounding, and the +2^(p-1)
   // bias makes the small excess vanish in the shift: constants are preserved.
-  for (auto [h, w, oh, ow] : std::vector<std::array<int, 4>>{{37, 53, 224, 320}, {300, 200, 64, 96}, {5, 900, 32, 192}}) {
+  for (auto [h, w, oh, ow] :
+       std::vector<std::array<int, 4>>{{37, 53, 224, 320}, {300, 200, 64, 96}, {5, 900, 32, 192}}) {
     RgbImage out = resize_bicubic_antialias(constant_image(h, w, 0, 128, 255), oh, ow);
     ASSERT_EQ(out.height, oh);
     ASSERT_EQ(out.width, ow);
@@ -234,8 +235,8 @@ TEST(Patchify, ReferenceRowAndColumnOrder) {
 TEST(Patchify, NormalisationEndpoints) {
   RgbImage img = constant_image(32, 32, 0, 255, 127);
   PreparedImage p = patchify(img, PreprocessOptions{});
-  EXPECT_EQ(p.pixel_values[0], -1.0f);         // (0 - 127.5) / 127.5
-  EXPECT_EQ(p.pixel_values[512], 1.0f);        // channel 1 starts at 2*16*16
+  EXPECT_EQ(p.pixel_values[0], -1.0f);              // (0 - 127.5) / 127.5
+  EXPECT_EQ(p.pixel_values[512], 1.0f);             // channel 1 starts at 2*16*16
   EXPECT_EQ(p.pixel_values[1024], -0.5f / 127.5f);  // (127 - 127.5) / 127.5, one rounding
 }
 
