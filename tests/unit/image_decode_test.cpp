@@ -282,6 +282,30 @@ TEST(DecodeLimits, BombIsRejectedFromTheHeader) {
   EXPECT_EQ(decode_image(ok, small).status().code(), StatusCode::kOutOfRange);
 }
 
+TEST(PlanAndPrepare, TokensFromTheHeaderMatchThePreparedImage) {
+  // 48x80 gray PNG: smart_resize gives 224x352 (see SmartResize.ProbeExamplesFromTheSpec),
+  // grid 14x22 = 308 patches = 77 tokens - known from the header alone.
+  Bytes s(48 * 80, 100);
+  Bytes png = encode_png(80, 48, 8, PNG_COLOR_TYPE_GRAY, s, 80);
+  auto plan = plan_image(png, DecodeLimits{}, PreprocessOptions{});
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->info.mode, "L");
+  EXPECT_EQ(plan->resized.height, 224);
+  EXPECT_EQ(plan->resized.width, 352);
+  EXPECT_EQ(plan->num_tokens, 77);
+  auto prepared = prepare_image(png, DecodeLimits{}, PreprocessOptions{});
+  ASSERT_TRUE(prepared.is_ok()) << prepared.status().to_string();
+  EXPECT_EQ(prepared->num_patches(), 308);
+  EXPECT_EQ(image_token_count(prepared.value()), 77);
+  // A constant image stays constant through the resize: every value is (100 - 127.5) / 127.5.
+  for (float v : prepared->pixel_values) ASSERT_EQ(v, (100.0f - 127.5f) / 127.5f);
+  // 3000x10 is refused by its header (aspect ratio 300 > 200) before any decoding.
+  Bytes wide = encode_png(3000, 10, 8, PNG_COLOR_TYPE_GRAY, Bytes(30000, 7), 3000);
+  auto bad = prepare_image(wide, DecodeLimits{}, PreprocessOptions{});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("aspect ratio"), std::string::npos) << bad.status().message();
+}
+
 TEST(Sniff, ByMagicBytesNotByName) {
   EXPECT_EQ(sniff_format(Bytes{0xFF, 0xD8, 0xFF, 0xE0}).value(), ImageFormat::kJpeg);
   EXPECT_EQ(sniff_format(Bytes{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'}).value(), ImageFormat::kPng);
