@@ -37,11 +37,20 @@ class TablePrinter : public ::testing::EmptyTestEventListener {
     std::printf("\n== GPU op checks (seed %u): CUDA vs CPU oracle ==\n", g_seed);
     std::printf("%-34s %-40s %10s %10s %9s %17s %s\n", "op", "shape", "max|err|", "max|ref|", "rel_l2",
                 "tol(l2, max/ref)", "");
-    int fails = 0;
-    for (const CheckRow& r : rows()) {
+    auto print = [](const CheckRow& r) {
       std::printf("%-34s %-40s %10.3g %10.3g %9.2e %8.1e,%8.1e %s\n", r.op.c_str(), r.shape.c_str(), r.max_abs,
                   r.max_ref, r.rel_l2, r.tol.rel_l2, r.tol.max_abs_rel, r.pass ? "ok" : "FAIL");
+    };
+    int fails = 0;
+    for (const CheckRow& r : rows()) {
+      print(r);
       fails += r.pass ? 0 : 1;
+    }
+    // Failures again at the end, where a truncated log still shows them.
+    if (fails > 0) {
+      std::printf("-- failed checks --\n");
+      for (const CheckRow& r : rows())
+        if (!r.pass) print(r);
     }
     std::printf("== %zu checks, %d failed ==\n", rows().size(), fails);
   }
