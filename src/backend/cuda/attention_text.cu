@@ -6,8 +6,9 @@
 // - decode (one row per sequence): split-K flash-decoding. A block owns one (sequence, kv
 //   head, split) and all q heads of that GQA group, so each K/V row is read once for the
 //   group. The split count depends only on the number of sequences (graph-safe); the keys per
-//   split follow the actual context length, read on the device. A combine kernel merges the
-//   splits' (o, max, sum) partials; with one split the block writes the output itself.
+//   split follow the actual context length, read on the device. The last split of a (sequence,
+//   kv head) to finish merges the splits' (o, max, sum) partials (an arrival counter, no second
+//   kernel); with one split the block writes the output itself.
 //
 // Cache layout (backend.h KvCacheView): page p, layer l, K then V, each [page_size, Hkv, dh].
 #include "backend/cuda/cuda_backend.h"
@@ -219,7 +220,8 @@ constexpr int kMaxGroup = 8;
 struct DecodeParams {
   const bf16* qkv;
   bf16* out;
-  float* partial;  // [num_seqs, hq, splits, hd + 2]
+  float* partial;      // [num_seqs, hq, splits, hd + 2]
+  uint32_t* counters;  // [num_seqs * hkv] arrivals of the current step's splits (zero between steps)
   const int32_t* query_start;
   const int32_t* context_len;
   const int32_t* page_table;
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
   const int ctx = p.context_len[seq];
   const int len = split_len(ctx, p.splits);
   const int k_begin = split * len, k_end = min(ctx, k_begin + len);
-  // An empty split returns (combine never reads it), except split 0, which always reports
+  // An empty split returns (the merge never reads it), except split 0, which always reports
   // (an empty context yields m = -inf, l = 0 and a zero output).
   if (k_begin >= k_end && split != 0) return;
 
@@ -397,33 +399,39 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
       }
     }
   }
-}
+  if (p.splits == 1) return;
 
-// Merges the active splits: out = Σ o_i 2^(m_i - M) / Σ l_i 2^(m_i - M).
-__global__ void decode_combine_kernel(const DecodeParams p, int hd) {
-  grid_dep_wait();
-  grid_dep_launch();
-  const int seq = blockIdx.x, h = blockIdx.y;
-  const int ctx = p.context_len[seq];
-  const int len = split_len(ctx, p.splits);
+  // The last of this (sequence, kv head)'s active splits to arrive merges them (threadfence
+  // reduction): partials are made visible device-wide before the arrival is counted, and the
+  // merger reads them from L2 (ld.cg), never from a stale L1 line.
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
   const int active = max(1, min(p.splits, (ctx + len - 1) / len));
-  const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + h) * p.splits * (hd + 2);
-  float mmax = -INFINITY;
-  for (int i = 0; i < active; ++i) mmax = fmaxf(mmax, base[i * (hd + 2) + hd]);
-  float total = 0.0f;
-  for (int i = 0; i < active; ++i) {
-    const float m = base[i * (hd + 2) + hd];
-    total += m == -INFINITY ? 0.0f : base[i * (hd + 2) + hd + 1] * exp2f(m - mmax);
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(&p.counters[seq * p.hkv + kvh], 1u);
+    s_last = arrived == static_cast<uint32_t>(active - 1);
   }
-  const int row = p.query_start[seq];
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (int i = 0; i < active; ++i) {
-      const float m = base[i * (hd + 2) + hd];
-      if (m != -INFINITY) o += base[i * (hd + 2) + d] * exp2f(m - mmax);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < group * HD; i += kDecodeWarps * 32) {
+    const int g = i / HD, d = i % HD;
+    const int h = kvh * group + g;
+    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + h) * p.splits * (HD + 2);
+    float mmax = -INFINITY;
+    for (int sp = 0; sp < active; ++sp) mmax = fmaxf(mmax, __ldcg(base + sp * (HD + 2) + HD));
+    float total = 0.0f, o = 0.0f;
+    for (int sp = 0; sp < active; ++sp) {
+      const float m = __ldcg(base + sp * (HD + 2) + HD);
+      if (m == -INFINITY) continue;
+      const float f = exp2f(m - mmax);
+      total += __ldcg(base + sp * (HD + 2) + HD + 1) * f;
+      o += __ldcg(base + sp * (HD + 2) + d) * f;
     }
-    p.out[static_cast<int64_t>(row) * p.hq * hd + h * hd + d] = __float2bfloat16_rn(total > 0.0f ? o / total : 0.0f);
+    p.out[static_cast<int64_t>(row) * p.hq * HD + h * HD + d] = __float2bfloat16_rn(total > 0.0f ? o / total : 0.0f);
   }
+  if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
 }
 
 void check_batch(const TextBatch& b) {
@@ -498,7 +506,7 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
 
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                   const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
-                                  float* scratch, size_t scratch_bytes) {
+                                  float* partial, size_t partial_bytes, uint32_t* counters) {
   check_batch(batch);
   QVL_CHECK_EQ(batch.num_tokens, batch.num_seqs) << "decode attention takes one row per sequence";
   QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
@@ -514,20 +522,17 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   splits = std::clamp(splits, 1, kDecodeMaxSplits);
   if (splits > 1) {
     const size_t need = static_cast<size_t>(batch.num_seqs) * shape.num_q_heads * splits * (hd + 2) * sizeof(float);
-    QVL_CHECK_LE(need, scratch_bytes) << "decode attention scratch (raise CudaBackendOptions::max_gqa_group / "
+    QVL_CHECK_LE(need, partial_bytes) << "decode attention scratch (raise CudaBackendOptions::max_gqa_group / "
                                          "max_head_dim)";
+    QVL_CHECK_LE(batch.num_seqs * shape.num_kv_heads, kDecodeSplitBlocks);
   }
-  DecodeParams p{qkv.as<bf16>(), out.as<bf16>(), scratch, batch.query_start.as<int32_t>(),
+  DecodeParams p{qkv.as<bf16>(), out.as<bf16>(), partial, counters, batch.query_start.as<int32_t>(),
                  batch.context_len.as<int32_t>(), batch.page_table.as<int32_t>(), geometry(cache, layer),
                  batch.max_pages_per_seq, shape.num_q_heads, shape.num_kv_heads, splits,
                  scale * 1.4426950408889634f};
   const dim3 grid(static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads), static_cast<unsigned>(splits));
   if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64>, grid, dim3(kDecodeWarps * 32), 0, p);
   else launch(ctx, "text_decode_attention", decode_kernel<128>, grid, dim3(kDecodeWarps * 32), 0, p);
-  if (splits > 1) {
-    launch(ctx, "text_decode_combine", decode_combine_kernel,
-           dim3(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(shape.num_q_heads)), dim3(128), 0, p, hd);
-  }
 }
 
 }  // namespace qvl::cuda

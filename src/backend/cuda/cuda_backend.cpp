@@ -66,9 +66,12 @@ class CudaBackend final : public Backend {
     ctx_.stream = stream_;
     ctx_.pdl = options_.programmatic_launch && info_.compute_capability >= 90;
     ctx_.num_sms = std::max(1, info_.multiprocessors);
+    fusion_ = options_.fuse_prologues;
     QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
     QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
     QVL_ASSIGN_OR_RETURN(decode_scratch_, allocate(cuda_decode_scratch_bytes(options_), "decode attention scratch"));
+    // The arrival counters at the end of the scratch start at zero (and the kernel leaves them so).
+    QVL_CUDA_OK(cudaMemset(decode_counters(), 0, kDecodeSplitBlocks * sizeof(uint32_t)));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
     cuda::configure_vision_attention();
     cuda::configure_text_attention();
@@ -91,6 +94,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory ----
   Result<DeviceBuffer> allocate(size_t bytes, const std::string& tag) override {
+    flush();
     QVL_CHECK(!capturing()) << "allocate(" << tag << ") while recording a graph";
     void* p = nullptr;
     const size_t size = std::max<size_t>(bytes, 1);
@@ -113,6 +117,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_to_device(Tensor dst, const void* host_src) override {
+    flush();
     QVL_CHECK(!capturing()) << "copy_to_device while recording a graph";
     QVL_CHECK(dst.device == Device::kCuda) << dst.describe();
     if (dst.nbytes() == 0) return;
@@ -127,6 +132,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_to_host(void* host_dst, const Tensor& src) override {
+    flush();
     QVL_CHECK(!capturing()) << "copy_to_host while recording a graph";
     QVL_CHECK(src.device == Device::kCuda) << src.describe();
     if (src.nbytes() == 0) return;
@@ -135,12 +141,14 @@ class CudaBackend final : public Backend {
   }
 
   void copy(Tensor dst, const Tensor& src) override {
+    flush();
     QVL_CHECK_EQ(dst.nbytes(), src.nbytes()) << dst.describe() << " <- " << src.describe();
     if (dst.nbytes() == 0 || dst.data == src.data) return;
     QVL_CUDA_OK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
   void synchronize() override {
+    flush();
     QVL_CHECK(!capturing()) << "synchronize while recording a graph";
     QVL_CUDA_OK(cudaStreamSynchronize(stream_));
     QVL_CUDA_OK(cudaGetLastError());
@@ -148,6 +156,7 @@ class CudaBackend final : public Backend {
 
   // ---- weights ----
   Result<Tensor> load_tensor(const Tensor& host, DType as) override {
+    flush();
     Tensor out = host;
     out.dtype = as;
     out.device = Device::kCuda;
@@ -163,35 +172,60 @@ class CudaBackend final : public Backend {
 
   // ---- ops ----
   void embedding(Tensor out, const Tensor& table, const Tensor& ids) override {
+    flush();
     cuda::launch_embedding(ctx_, out, table, ids);
   }
   void scatter_rows(Tensor x, const Tensor& rows, const Tensor& src, bool accumulate) override {
+    flush();
     cuda::launch_scatter_rows(ctx_, x, rows, src, accumulate);
   }
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override {
+    flush();
     cuda::launch_gather_rows(ctx_, out, x, rows);
   }
   void rms_norm(Tensor out, const Tensor& x, const Tensor& weight, float eps) override {
+    flush();
+    // Few rows: defer, so that the Linear reading `out` next can compute it in its prologue.
+    if (fusion_ && x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && x.ndim == 2 && out.same_shape(x) &&
+        x.dim(0) <= cuda::kFusedPrologueMaxRows && x.dim(1) % 8 == 0 && x.data != out.data &&
+        weight.numel() == x.dim(1) && (weight.dtype == DType::kF32 || weight.dtype == DType::kBF16)) {
+      pending_ = {Pending::kRmsNorm, out, x, weight, eps};
+      return;
+    }
     cuda::launch_rms_norm(ctx_, out, x, weight, eps);
   }
   void layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) override {
+    flush();
     cuda::launch_layer_norm(ctx_, out, x, weight, bias, eps);
   }
   void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) override;
-  void silu_mul(Tensor out, const Tensor& gate_up) override { cuda::launch_silu_mul(ctx_, out, gate_up); }
+  void silu_mul(Tensor out, const Tensor& gate_up) override {
+    flush();
+    if (fusion_ && out.dtype == DType::kBF16 && gate_up.dtype == DType::kBF16 && out.ndim == 2 &&
+        out.dim(0) <= cuda::kFusedPrologueMaxRows && out.dim(1) % 8 == 0 && gate_up.dim(0) == out.dim(0) &&
+        gate_up.row_numel() == 2 * out.dim(1)) {
+      pending_ = {Pending::kSiluMul, out, gate_up, Tensor(), 0.0f};
+      return;
+    }
+    cuda::launch_silu_mul(ctx_, out, gate_up);
+  }
   void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override {
+    flush();
     cuda::launch_add_interpolated(ctx_, x, table, idx, w);
   }
   void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) override {
+    flush();
     cuda::launch_vision_rope(ctx_, qkv, rope, num_heads, head_dim);
   }
   void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
                         float scale) override {
+    flush();
     cuda::launch_vision_attention(ctx_, out, qkv, seg, num_heads, head_dim, scale);
   }
   void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, const MropeSpec& rope,
                         const TextBatch& batch, const KvCacheView& cache, int layer,
                         const TextAttentionShape& shape) override {
+    flush();
     const size_t half = static_cast<size_t>(shape.head_dim / 2);
     QVL_CHECK(rope.inv_freq.size() == half && rope.axis.size() == half)
         << "M-RoPE spec has " << rope.inv_freq.size() << " frequencies and " << rope.axis.size()
@@ -208,10 +242,13 @@ class CudaBackend final : public Backend {
   }
   void text_attention(Tensor out, const Tensor& qkv, const TextBatch& batch, const KvCacheView& cache, int layer,
                       const TextAttentionShape& shape, float scale) override {
+    flush();
     if (batch.num_tokens == 0) return;
     if (batch.num_tokens == batch.num_seqs) {
       cuda::launch_text_decode_attention(ctx_, out, qkv, batch, cache, layer, shape, scale,
-                                         static_cast<float*>(decode_scratch_.data()), decode_scratch_.size());
+                                         static_cast<float*>(decode_scratch_.data()),
+                                         decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t),
+                                         decode_counters());
     } else {
       cuda::launch_text_prefill_attention(ctx_, out, qkv, batch, cache, layer, shape, scale);
     }
@@ -219,6 +256,7 @@ class CudaBackend final : public Backend {
 
   // ---- regions and graphs ----
   Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag) override {
+    flush();
     QVL_CHECK(!capturing()) << "reserve_region(" << tag << ") while recording a graph";
     return cuda::reserve_vmm_region(info_.ordinal, max_bytes, tag, stats_);
   }
@@ -230,6 +268,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  uint32_t* decode_counters() const {
+    return reinterpret_cast<uint32_t*>(static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() -
+                                       kDecodeSplitBlocks * sizeof(uint32_t));
+  }
   bool capturing() const {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     if (!stream_ || cudaStreamIsCapturing(stream_, &st) != cudaSuccess) return false;
@@ -253,6 +295,22 @@ class CudaBackend final : public Backend {
 
   void gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep);
 
+  // An RMSNorm or SiLU·mul over few rows whose launch is deferred to the next op: fused into
+  // the prologue of the Linear that reads its output, or launched as is by flush() before any
+  // other op (so results never depend on whether the fusion happened).
+  struct Pending {
+    enum Kind { kNone, kRmsNorm, kSiluMul } kind = kNone;
+    Tensor out, src, weight;
+    float eps = 0;
+  };
+  void flush() {
+    if (pending_.kind == Pending::kNone) return;
+    Pending p = pending_;
+    pending_ = {};
+    if (p.kind == Pending::kRmsNorm) cuda::launch_rms_norm(ctx_, p.out, p.src, p.weight, p.eps);
+    else cuda::launch_silu_mul(ctx_, p.out, p.src);
+  }
+
   CudaBackendOptions options_;
   CudaDeviceInfo info_;
   size_t context_bytes_;
@@ -263,6 +321,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::vector<DeviceBuffer> weights_;
   std::map<std::string, cudaGraphExec_t> graphs_;
+  bool fusion_ = true;
+  Pending pending_;
 };
 
 Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,
@@ -352,6 +412,25 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 }
 
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
+  if (pending_.kind != Pending::kNone) {
+    const Pending& p = pending_;
+    const bool fp8 = w.is_fp8();
+    const bool fusable = x.data == p.out.data && x.same_shape(p.out) && x.dim(0) <= cuda::kFusedPrologueMaxRows &&
+                         w.parts.size() == 1 && x.row_numel() == w.in_features && x.row_numel() % (fp8 ? 16 : 8) == 0 &&
+                         (!fp8 || w.block_size == 128) && out.data != p.src.data && out.data != x.data &&
+                         (ep.residual.empty() || (ep.residual.data != x.data && ep.residual.data != p.src.data));
+    if (fusable) {
+      cuda::SkinnyPrologue pro;
+      pro.kind = p.kind == Pending::kRmsNorm ? cuda::SkinnyPrologue::kRmsNorm : cuda::SkinnyPrologue::kSiluMul;
+      pro.src = p.src;
+      pro.weight = p.weight;
+      pro.eps = p.eps;
+      pending_ = {};
+      cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
+      return;
+    }
+    flush();
+  }
   QVL_CHECK_EQ(w.parts.size(), 1u) << "linear: weight was not loaded by the CUDA backend";
   const int64_t n = x.dim(0);
   QVL_CHECK_EQ(out.dim(0), n);
@@ -418,12 +497,15 @@ void CudaBackend::run_graph(const std::string& key, const std::function<void()>&
     record();
     return;
   }
+  flush();
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     QVL_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
       record();
+      flush();
     } catch (...) {
+      pending_ = {};
       cudaGraph_t broken = nullptr;
       cudaStreamEndCapture(stream_, &broken);
       if (broken) cudaGraphDestroy(broken);

@@ -41,8 +41,20 @@ void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, co
 // ---- skinny.cu: out = epilogue(x · Wᵀ) for x with at most kSkinnyMaxRows rows ----
 // `w` is a device LinearWeight with one merged part (BF16, or F8E4M3 with F32 scales whose
 // first dimension is ceil(out / block) or out: rows_per_scale = block or 1).
+//
+// An optional prologue computes x itself from the op that produced it (the backend defers
+// RMSNorm and SiLU·mul into the Linear that consumes them, saving a launch and a round trip
+// of x): every block recomputes the rows it needs in registers, and the blocks together also
+// write x (so x holds exactly what the unfused op would have written).
+struct SkinnyPrologue {
+  enum Kind { kNone, kRmsNorm, kSiluMul } kind = kNone;
+  Tensor src;     // RMSNorm: the input [n, K]; SiLU·mul: gate_up [n, 2K]
+  Tensor weight;  // RMSNorm weight [K] (F32 or BF16)
+  float eps = 0;
+};
+inline constexpr int kFusedPrologueMaxRows = 8;
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep);
+                          const Epilogue& ep, const SkinnyPrologue& pro = {});
 
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
@@ -63,9 +75,10 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
                              int layer, const TextAttentionShape& shape);
 void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
-// Split-K over the cache; `scratch` holds the fp32 partials (cuda_decode_scratch_bytes).
+// Split-K over the cache: `partial` holds the splits' fp32 partials, `counters` (zero, and left
+// zero) one arrival counter per (sequence, kv head); the last split to finish merges.
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                   const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
-                                  float* scratch, size_t scratch_bytes);
+                                  float* partial, size_t partial_bytes, uint32_t* counters);
 
 }  // namespace qvl::cuda

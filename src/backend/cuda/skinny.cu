@@ -26,6 +26,16 @@ constexpr int kWarps = 8;
 constexpr int kRows = 16;
 constexpr int kChunk = 128;
 
+__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// Weights are read once: keep them out of L1.
+__device__ __forceinline__ uint4 load16_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 struct SkinnyParams {
   const void* w;         // [N, K] bf16 or fp8
   const float* scale;    // fp8: [*, scale_cols] dequantisation multipliers
@@ -37,7 +47,81 @@ struct SkinnyParams {
   const bf16* residual;  // [n, N] or null (may alias out)
   int n, N, K;
   int act;
+  // Prologue (kRmsNorm / kSiluMul): x is computed from src; x above is where it is written.
+  const bf16* src;
+  bf16* x_out;  // = x, writable: where the prologue's result is written
+  const void* norm_w;
+  bool norm_w_f32;
+  float eps;
 };
+
+// Shared state of the prologues: 1/rms of each row for kRmsNorm.
+struct PrologueSmem {
+  float rstd[kFusedPrologueMaxRows];
+};
+
+// 8 consecutive x values of token `tok` at column k (k % 8 == 0, in range), as 4 bf16x2.
+template <int PRO>
+__device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, const PrologueSmem& ps) {
+  if constexpr (PRO == SkinnyPrologue::kNone) {
+    return load16(p.x + static_cast<int64_t>(tok) * p.K + k);
+  } else if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
+    // out = bf16(w * bf16(x * rstd)), as rms_norm writes it
+    float v[8], w[8];
+    unpack8(load16(p.src + static_cast<int64_t>(tok) * p.K + k), v);
+    if (p.norm_w_f32) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k + 4));
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+      unpack8(load16(static_cast<const bf16*>(p.norm_w) + k), w);
+    }
+    const float r = ps.rstd[tok];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = w[e] * bf16_round(v[e] * r);
+    return pack8(v);
+  } else {
+    // out = bf16(bf16(silu(g)) * u), as silu_mul writes it
+    float g[8], u[8];
+    const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
+    unpack8(load16(row + k), g);
+    unpack8(load16(row + p.K + k), u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
+    return pack8(g);
+  }
+}
+
+// Runs after grid_dep_wait: computes the prologue's per-row state and writes this block's
+// share of x (blocks split the n*K/8 vectors evenly), so x ends up fully written.
+template <int PRO>
+__device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps) {
+  if constexpr (PRO != SkinnyPrologue::kNone) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
+      for (int tok = warp; tok < p.n; tok += kWarps) {
+        const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
+        float ss = 0.0f;
+        for (int v = lane; v < p.K / 8; v += 32) {
+          float f[8];
+          unpack8(load16(row + v), f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) ps.rstd[tok] = rsqrtf(ss / static_cast<float>(p.K) + p.eps);
+      }
+    }
+    __syncthreads();
+    const int64_t vecs = static_cast<int64_t>(p.n) * (p.K / 8);
+    const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
+    const int64_t v0 = per * blockIdx.x, v1 = min(vecs, v0 + per);
+    for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+      const int tok = static_cast<int>(v / (p.K / 8)), k = static_cast<int>(v % (p.K / 8)) * 8;
+      reinterpret_cast<uint4*>(p.x_out + static_cast<int64_t>(tok) * p.K)[k / 8] = load_x8<PRO>(p, tok, k, ps);
+    }
+  }
+}
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -58,16 +142,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
   const uint32_t bits = ((a & 0x7f007f00u) >> 4) | (a & 0x80008000u);  // e4m3 value * 2^-120, as bf16
   const bf162 scaled = __hmul2(*reinterpret_cast<const bf162*>(&bits), __floats2bfloat162_rn(0x1p120f, 0x1p120f));
   return *reinterpret_cast<const uint32_t*>(&scaled);
-}
-
-__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-// Weights are read once: keep them out of L1.
-__device__ __forceinline__ uint4 load16_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 
 template <bool kFp8>
@@ -96,12 +170,13 @@ __device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int r
   }
 }
 
-template <bool kFp8, int NT>
+template <bool kFp8, int NT, int PRO>
 __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(const SkinnyParams p) {
   using C = Chunk<kFp8>;
   constexpr int E = C::kElems;
   constexpr int S = C::kSteps;
   __shared__ float red[kWarps][kRows][NT * 8 + 1];
+  __shared__ PrologueSmem pro_smem;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -121,6 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
   if (c < nchunks) load_weights<kFp8>(p, c, ra, rb, t, wcur);  // weights: safe before the wait
   grid_dep_wait();
   grid_dep_launch();
+  run_prologue<PRO>(p, pro_smem);
 
   for (; c < nchunks; c += kWarps) {
     if (c + kWarps < nchunks) load_weights<kFp8>(p, c + kWarps, ra, rb, t, wnext);
@@ -139,9 +215,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
       for (int j = 0; j < NT; ++j) {
         const int tok = j * 8 + g;
         const bool ok = tok < p.n && k < p.K;
-        const bf16* xp = p.x + static_cast<int64_t>(tok) * p.K + k;
-        xv[j][0] = ok ? load16(xp) : make_uint4(0, 0, 0, 0);
-        if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load16(xp + 8) : make_uint4(0, 0, 0, 0);
+        xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
+        if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
       }
       if (kFp8) {
         uint32_t wa[8], wb[8];
@@ -217,14 +292,23 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
 }
 
 template <bool kFp8>
-void launch_nt(const LaunchContext& ctx, const SkinnyParams& p) {
+void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro) {
   const dim3 grid(ceil_div(p.N, kRows)), block(kWarps * 32);
   const int nt = (p.n + 7) / 8;
+  if (pro != SkinnyPrologue::kNone) {
+    QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
+    if (pro == SkinnyPrologue::kRmsNorm)
+      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, 1, SkinnyPrologue::kRmsNorm>, grid, block, 0, p);
+    else
+      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, 1, SkinnyPrologue::kSiluMul>, grid, block, 0, p);
+    return;
+  }
+  constexpr int kN = SkinnyPrologue::kNone;
   switch (nt) {
-    case 1: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 1>, grid, block, 0, p); break;
-    case 2: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 2>, grid, block, 0, p); break;
-    case 3: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 3>, grid, block, 0, p); break;
-    case 4: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 4>, grid, block, 0, p); break;
+    case 1: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 1, kN>, grid, block, 0, p); break;
+    case 2: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 2, kN>, grid, block, 0, p); break;
+    case 3: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 3, kN>, grid, block, 0, p); break;
+    case 4: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 4, kN>, grid, block, 0, p); break;
     default: QVL_CHECK(false) << "skinny_linear: " << p.n << " rows (at most " << kSkinnyMaxRows << ")";
   }
 }
@@ -232,7 +316,7 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p) {
 }  // namespace
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep) {
+                          const Epilogue& ep, const SkinnyPrologue& pro) {
   QVL_CHECK_EQ(w.parts.size(), 1u) << "skinny_linear needs a merged (device) weight";
   const Tensor& weight = w.parts[0].weight;
   const bool fp8 = weight.dtype == DType::kF8E4M3;
@@ -262,6 +346,24 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
         << "residual " << ep.residual.describe() << " vs out " << out.describe();
     p.residual = ep.residual.as<bf16>();
   }
+  if (pro.kind != SkinnyPrologue::kNone) {
+    QVL_CHECK(pro.src.dtype == DType::kBF16 && pro.src.dim(0) == n) << "prologue source " << pro.src.describe();
+    QVL_CHECK_EQ(K % 8, 0);
+    QVL_CHECK(pro.src.data != out.data && (ep.residual.empty() || ep.residual.data != x.data))
+        << "prologue source or x aliases the output";
+    p.src = pro.src.as<bf16>();
+    p.x_out = x.as<bf16>();
+    if (pro.kind == SkinnyPrologue::kRmsNorm) {
+      QVL_CHECK_EQ(pro.src.row_numel(), K);
+      QVL_CHECK(pro.weight.numel() == K && (pro.weight.dtype == DType::kF32 || pro.weight.dtype == DType::kBF16))
+          << "rms_norm weight " << pro.weight.describe();
+      p.norm_w = pro.weight.data;
+      p.norm_w_f32 = pro.weight.dtype == DType::kF32;
+      p.eps = pro.eps;
+    } else {
+      QVL_CHECK_EQ(pro.src.row_numel(), 2 * K);
+    }
+  }
   if (fp8) {
     const Tensor& scale = w.parts[0].scale_inv;
     QVL_CHECK_EQ(w.block_size, kChunk) << "skinny_linear handles 128x128 FP8 blocks";
@@ -271,9 +373,9 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_cols = static_cast<int>(scale.dim(1));
     p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
-    launch_nt<true>(ctx, p);
+    launch_nt<true>(ctx, p, pro.kind);
   } else {
-    launch_nt<false>(ctx, p);
+    launch_nt<false>(ctx, p, pro.kind);
   }
 }
 
