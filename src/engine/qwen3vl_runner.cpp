@@ -127,12 +127,15 @@ class Qwen3VLRunner final : public ModelRunner {
       max_context = std::min<int64_t>(max_context, full * cache.page_size);
     }
 
-    // The step's tables into their fixed device buffer.
+    // The step's tables into their fixed device buffer: laid out in a host mirror of it, then
+    // sent in one copy.
     Arena in(inputs_buffer_.data(), inputs_buffer_.size(), backend_->device(), "step inputs");
+    if (staging_.size() < inputs_buffer_.size()) staging_.resize(inputs_buffer_.size());
     auto upload = [&](std::initializer_list<int64_t> dims, const std::vector<int32_t>& host) {
       Tensor t = in.alloc(DType::kI32, dims);
       QVL_CHECK_EQ(t.numel(), static_cast<int64_t>(host.size()));
-      if (t.numel() > 0) backend_->copy_to_device(t, host.data());
+      const size_t offset = static_cast<char*>(t.data) - static_cast<char*>(inputs_buffer_.data());
+      std::copy(host.begin(), host.end(), reinterpret_cast<int32_t*>(staging_.data() + offset));
       return t;
     };
     TextBatch batch;
@@ -150,6 +153,10 @@ class Qwen3VLRunner final : public ModelRunner {
     // lm_head stage takes at least one row.
     const std::vector<int32_t> last_row{static_cast<int32_t>(S - 1)};
     Tensor logits_rows = R > 0 ? upload({R}, step.logits_rows) : upload({1}, last_row);
+
+    backend_->copy_to_device(
+        Tensor(inputs_buffer_.data(), DType::kU8, {static_cast<int64_t>(in.used())}, backend_->device()),
+        staging_.data());
 
     TextStepInputs inputs;
     inputs.token_ids = token_ids;
@@ -202,6 +209,7 @@ class Qwen3VLRunner final : public ModelRunner {
   std::vector<uint16_t> host_logits_;
   bool decode_graphs_ = false;
   std::vector<int32_t> wide_page_table_;
+  std::vector<uint8_t> staging_;  // host mirror of the step inputs buffer
   int64_t graph_cache_pages_ = -1;
 };
 
