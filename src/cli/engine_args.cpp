@@ -83,6 +83,7 @@ Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string&
     rt.reserve_bytes = *b;
   }
   o.device = device;
+  o.sampling_threads = args.threads;  // --threads bounds the CPU work, sampling included
   return o;
 }
 

@@ -1,6 +1,8 @@
 // The Engine implementation: submit() validates and queues on the caller's thread; one engine
 // thread runs the loop — take new requests, drop cancelled ones, schedule a step, run the
 // forward, sample, stream the new text, retire what finished — until shutdown.
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <random>
@@ -312,7 +314,9 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
   const int n = static_cast<int>(sampled.size());
   std::vector<int32_t> tokens(sampled.size(), -1);
   std::vector<std::string> errors(sampled.size());
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  const int threads =
+      std::max(1, std::min(n, options_.sampling_threads > 0 ? options_.sampling_threads : omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (int r = 0; r < n; ++r) {
     try {
       std::span<float> logits(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));

@@ -32,6 +32,7 @@ struct EngineOptions {
   int max_step_tokens = 512;           // rows per forward: decodes + prefill chunks (the prefill chunk)
   int64_t max_context = 4096;          // prompt + completion tokens per sequence
   int max_queued = 1024;               // waiting requests beyond the running batch; more -> refused
+  int sampling_threads = 0;            // threads sampling the rows of a step; 0 = OpenMP's default
   std::vector<int32_t> eos_token_ids;  // generation_config eos ids (ignored with ignore_eos)
 };
 

@@ -94,6 +94,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   eo.max_step_tokens = static_cast<int>(m.plan.decoder.step_tokens);
   eo.max_context = m.context_length;
   eo.max_queued = options.max_queued;
+  eo.sampling_threads = options.sampling_threads;
   for (int id : m.config.generation.eos_token_ids) eo.eos_token_ids.push_back(id);
   const int page = rt.kv_page_tokens;
   Qwen3VLRunnerOptions ro;

@@ -31,6 +31,7 @@ struct LoadOptions {
   RuntimeOptions runtime;     // context, concurrency, image caps, prefill chunk, KV dtype/page, budget
   DeviceFacts device;         // all zero for the CPU backend
   int max_queued = 1024;
+  int sampling_threads = 0;          // 0 = OpenMP's default (EngineOptions::sampling_threads)
   DType kv_dtype_cpu = DType::kF32;  // the CPU backend keeps the cache in fp32 (the oracle's numerics)
 };
 
