@@ -60,7 +60,10 @@ MropeSpec make_mrope(int hd) {
   return m;
 }
 
-void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int hkv, int hd, int layers) {
+// `kv` is the CUDA cache's dtype; the CPU cache is always BF16 (the CPU backend has no FP8
+// cache) and holds the same values: for an FP8 cache, the exact BF16 images of its bytes.
+void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int hkv, int hd, int layers,
+                DType kv = DType::kBF16) {
   const int page = 16;
   int max_pages = 1, total_pages = 0;
   for (auto [q, c] : seqs) {
@@ -83,11 +86,27 @@ void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int 
     for (int i = c - q; i < c; ++i) t.slots.push_back(t.table[b * max_pages + i / page] * page + i % page);
   }
   t.num_tokens = t.qs.back();
-  KvCacheView v{nullptr, DType::kBF16, num_pages, page, layers, hkv, hd};
-  const int64_t bytes = static_cast<int64_t>(v.page_bytes()) * num_pages;
-  std::vector<uint16_t> fill = to_bf16_bits(random_values(bytes / 2));
-  t.cache_mem = same_bytes(t.s, DType::kU8, {bytes}, fill.data());
-  t.cc = t.cg = v;
+  t.cc = KvCacheView{nullptr, DType::kBF16, num_pages, page, layers, hkv, hd};
+  t.cg = KvCacheView{nullptr, kv, num_pages, page, layers, hkv, hd};
+  const int64_t elems = static_cast<int64_t>(t.cc.page_bytes()) * num_pages / 2;
+  std::vector<uint16_t> fill;
+  if (kv == DType::kBF16) {
+    fill = to_bf16_bits(random_values(elems));
+    t.cache_mem = same_bytes(t.s, DType::kU8, {elems * 2}, fill.data());
+  } else {
+    std::vector<uint8_t> codes(static_cast<size_t>(elems));
+    std::uniform_int_distribution<int> d(0, 255);
+    for (auto& c : codes) {
+      do c = static_cast<uint8_t>(d(rng()));
+      while ((c & 0x7f) == 0x7f || (c & 0x78) > 0x50);  // no NaN; |v| <= 2^3 like real K/V
+    }
+    fill.resize(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i) fill[i] = float_to_bf16(fp8_e4m3_to_float(codes[i]));
+    t.cache_mem.c = t.s.alloc(cpu(), DType::kU8, {elems * 2});
+    t.cache_mem.g = t.s.alloc(*cuda(), DType::kU8, {elems});
+    cpu().copy_to_device(t.cache_mem.c, fill.data());
+    cuda()->copy_to_device(t.cache_mem.g, codes.data());
+  }
   t.cc.base = t.cache_mem.c.data;
   t.cg.base = t.cache_mem.g.data;
   std::vector<int32_t> pos(static_cast<size_t>(t.num_tokens) * 3);
@@ -101,11 +120,18 @@ void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int 
   t.bg = TextBatch{B, n, max_pages, max_ctx, qs.g, cl.g, pt.g, sl.g, ps.g};
 }
 
-std::vector<float> cache_values(Backend& be, const Tensor& mem) {
-  std::vector<uint16_t> bits(static_cast<size_t>(mem.numel() / 2));
-  be.copy_to_host(bits.data(), mem);
-  std::vector<float> v(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16_to_float(bits[i]);
+// A cache's elements as floats (BF16 or FP8 bytes).
+std::vector<float> cache_values(Backend& be, const Tensor& mem, DType dt) {
+  std::vector<float> v;
+  if (dt == DType::kBF16) {
+    std::vector<uint16_t> bits(static_cast<size_t>(mem.numel() / 2));
+    be.copy_to_host(bits.data(), mem);
+    for (uint16_t b : bits) v.push_back(bf16_to_float(b));
+  } else {
+    std::vector<uint8_t> codes(static_cast<size_t>(mem.numel()));
+    be.copy_to_host(codes.data(), mem);
+    for (uint8_t c : codes) v.push_back(fp8_e4m3_to_float(c));
+  }
   return v;
 }
 
@@ -114,11 +140,14 @@ TEST(GpuOps, TextQkvPrepare) {
   struct Case {
     std::vector<std::pair<int, int>> seqs;
     int hq, hkv, hd;
+    DType kv;
   };
-  for (const Case& c : {Case{{{1, 1}}, 16, 8, 128}, Case{{{9, 30}, {1, 17}}, 32, 8, 128},
-                        Case{{{5, 5}}, 4, 2, 64}, Case{{{3, 20}}, 2, 1, 40}}) {
+  const DType bf = DType::kBF16, f8 = DType::kF8E4M3;
+  for (const Case& c : {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf},
+                        Case{{{5, 5}}, 4, 2, 64, bf}, Case{{{3, 20}}, 2, 1, 40, bf},
+                        Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8}}) {
     TextSetup t;
-    setup_text(t, c.seqs, c.hkv, c.hd, 2);
+    setup_text(t, c.seqs, c.hkv, c.hd, 2, c.kv);
     const int n = t.num_tokens, layer = 1;
     const int64_t width = int64_t{c.hq + 2 * c.hkv} * c.hd;
     Pair qkv = activation(t.s, {n, width}, random_values(n * width, 2.0f));
@@ -137,30 +166,38 @@ TEST(GpuOps, TextQkvPrepare) {
       qe.insert(qe.end(), e.begin() + i * width, e.begin() + i * width + int64_t{c.hq} * c.hd);
     }
     const std::string shp = "n" + std::to_string(n) + " " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
-                            " heads dh" + std::to_string(c.hd);
+                            " heads dh" + std::to_string(c.hd) + (c.kv == f8 ? " kv:fp8" : "");
     EXPECT_TRUE(compare("text_qkv_prepare q", shp, qa, qe, tol::kGpuRope));
     // K and V rows written at the slots (layer 1); the rest of the cache must be untouched.
-    std::vector<float> ca = cache_values(*cuda(), t.cache_mem.g), ce = cache_values(cpu(), t.cache_mem.c);
+    std::vector<float> ca = cache_values(*cuda(), t.cache_mem.g, c.kv), ce = cache_values(cpu(), t.cache_mem.c, bf);
     std::vector<float> ka, ke, va, ve;
     const int64_t tok = int64_t{c.hkv} * c.hd;
     for (int32_t slot : t.slots) {
       const int64_t page = slot / t.cc.page_size, off = slot % t.cc.page_size;
-      const int64_t k0 = (page * t.cc.page_bytes() + layer * t.cc.layer_bytes()) / 2 + off * tok;
-      const int64_t v0 = k0 + int64_t{t.cc.page_size} * tok;
-      ka.insert(ka.end(), ca.begin() + k0, ca.begin() + k0 + tok);
-      ke.insert(ke.end(), ce.begin() + k0, ce.begin() + k0 + tok);
-      va.insert(va.end(), ca.begin() + v0, ca.begin() + v0 + tok);
-      ve.insert(ve.end(), ce.begin() + v0, ce.begin() + v0 + tok);
+      // element offsets of this token's K and V rows in each cache (same structure, own dtype)
+      auto at = [&](const KvCacheView& v) {
+        const int64_t es = dtype_size(v.dtype);
+        const int64_t k0 = (page * v.page_bytes() + layer * v.layer_bytes()) / es + off * tok;
+        return std::make_pair(k0, k0 + int64_t{v.page_size} * tok);
+      };
+      auto [gk, gv] = at(t.cg);
+      auto [ck, cv] = at(t.cc);
+      ka.insert(ka.end(), ca.begin() + gk, ca.begin() + gk + tok);
+      ke.insert(ke.end(), ce.begin() + ck, ce.begin() + ck + tok);
+      va.insert(va.end(), ca.begin() + gv, ca.begin() + gv + tok);
+      ve.insert(ve.end(), ce.begin() + cv, ce.begin() + cv + tok);
     }
-    EXPECT_TRUE(compare("text_qkv_prepare k -> cache", shp, ka, ke, tol::kGpuRope));
-    EXPECT_TRUE(compare("text_qkv_prepare v -> cache", shp, va, ve, tol::kGpuCopy));
-    EXPECT_TRUE(compare("kv cache (all bytes)", shp, ca, ce, tol::kGpuRope));
+    const bool fp8 = c.kv == f8;
+    EXPECT_TRUE(compare("text_qkv_prepare k -> cache", shp, ka, ke, fp8 ? tol::kGpuFp8Kv : tol::kGpuRope));
+    EXPECT_TRUE(compare("text_qkv_prepare v -> cache", shp, va, ve, fp8 ? tol::kGpuFp8Kv : tol::kGpuCopy));
+    if (!fp8) EXPECT_TRUE(compare("kv cache (all bytes)", shp, ca, ce, tol::kGpuRope));
   }
 }
 
-void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd) {
+void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd,
+                        DType kv = DType::kBF16) {
   TextSetup t;
-  setup_text(t, seqs, hkv, hd, 2);
+  setup_text(t, seqs, hkv, hd, 2, kv);
   const int n = t.num_tokens, layer = 1;
   const int64_t width = int64_t{hq + 2 * hkv} * hd;
   Pair qkv = activation(t.s, {n, width}, random_values(n * width));
@@ -174,6 +211,7 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
     desc += (i ? "," : "") + std::to_string(seqs[i].first) + "/" + std::to_string(seqs[i].second);
   desc += seqs.size() > 4 ? ",..)" : ")";
   desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
+  if (kv == DType::kF8E4M3) desc += " kv:fp8";
   EXPECT_TRUE(compare_pair(op, desc, out, tol::kGpuAttention));
 }
 
@@ -184,6 +222,9 @@ TEST(GpuOps, TextPrefillAttention) {
   run_text_attention("text_attention prefill", {{64, 64}}, 32, 8, 128);
   run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64);
   run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40);  // generic kernel
+  run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kF8E4M3);
+  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kF8E4M3);
+  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kF8E4M3);
 }
 
 TEST(GpuOps, TextDecodeAttention) {
@@ -200,6 +241,9 @@ TEST(GpuOps, TextDecodeAttention) {
   run_text_attention("text_attention decode", lots, 16, 8, 128);  // unsplit
   run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64);
   run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40);  // generic kernel
+  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kF8E4M3);
+  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kF8E4M3);
+  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3);
 }
 
 }  // namespace

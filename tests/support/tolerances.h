@@ -43,6 +43,9 @@ inline constexpr GpuTol kGpuAttention{5e-3, 2e-2};
 // q/k-norm + M-RoPE: two norm roundings, cos/sin rounded to BF16 (the reference's table),
 // three rounded RoPE ops (x·cos, rot·sin, their sum).
 inline constexpr GpuTol kGpuRope{6e-3, 2.5e-2};
+// FP8 E4M3 KV cache rows written by text_qkv_prepare vs the CPU's BF16 rows: e4m3 keeps 3
+// mantissa bits, a rounding error <= 2^-4 relative (RMS ~ 2^-4/sqrt(3) = 0.036).
+inline constexpr GpuTol kGpuFp8Kv{0.045, 0.07};
 
 // Whole-model greedy decoding in BF16 (CUDA) against the float32 reference: tokens must agree
 // while the reference's top-1/top-2 logit margin is at least this. The tiny presets' logits

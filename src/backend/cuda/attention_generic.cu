@@ -8,18 +8,24 @@ namespace {
 
 constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
+// Element d of a row of BF16 (esize 2) or FP8 E4M3 (esize 1) values.
+__device__ __forceinline__ float elem(const void* row, int d, int esize) {
+  return esize == 2 ? __bfloat162float(static_cast<const bf16*>(row)[d])
+                    : fp8_e4m3_to_float_dev(static_cast<const uint8_t*>(row)[d]);
+}
+
 struct OnlineSoftmax {
   float m = -INFINITY, l = 0.0f;
   float acc[kMaxPerLane] = {};
   // Adds one key with score s (log2 domain) and value row v (lane-strided dims).
-  __device__ void add(float s, const bf16* v, int hd, int lane) {
+  __device__ void add(float s, const void* v, int hd, int lane, int esize = 2) {
     const float m_new = fmaxf(m, s);
     const float alpha = exp2f(m - m_new), p = exp2f(s - m_new);
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;
-      if (d < hd) acc[i] = acc[i] * alpha + p * __bfloat162float(v[d]);
+      if (d < hd) acc[i] = acc[i] * alpha + p * elem(v, d, esize);
     }
     m = m_new;
   }
@@ -32,12 +38,13 @@ struct OnlineSoftmax {
   }
 };
 
-__device__ __forceinline__ float dot_lanes(const float (&q)[kMaxPerLane], const bf16* k, int hd, int lane) {
+__device__ __forceinline__ float dot_lanes(const float (&q)[kMaxPerLane], const void* k, int hd, int lane,
+                                           int esize = 2) {
   float s = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int d = lane + 32 * i;
-    if (d < hd) s += q[i] * __bfloat162float(k[d]);
+    if (d < hd) s += q[i] * elem(k, d, esize);
   }
   return warp_sum(s);
 }
@@ -79,7 +86,7 @@ struct TextGenericParams {
   const int32_t* page_table;
   char* cache;
   int64_t page_bytes, layer_offset, v_offset, token_bytes;
-  int page_size, num_seqs, max_pages, rows, hq, hkv, hd;
+  int page_size, num_seqs, max_pages, rows, hq, hkv, hd, esize;
   float scale_log2;
 };
 
@@ -112,9 +119,9 @@ __global__ void text_generic_kernel(const TextGenericParams p) {
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
   for (int j = 0; j <= pos; ++j) {
     const char* row = p.cache + pt[j / p.page_size] * p.page_bytes + p.layer_offset + (j % p.page_size) * p.token_bytes +
-                      static_cast<int64_t>(kvh) * p.hd * 2;
-    const float s = dot_lanes(q, reinterpret_cast<const bf16*>(row), p.hd, lane) * p.scale_log2;
-    sm.add(s, reinterpret_cast<const bf16*>(row + p.v_offset), p.hd, lane);
+                      static_cast<int64_t>(kvh) * p.hd * p.esize;
+    const float s = dot_lanes(q, row, p.hd, lane, p.esize) * p.scale_log2;
+    sm.add(s, row + p.v_offset, p.hd, lane, p.esize);
   }
   sm.store(out, p.hd, lane);
 }
@@ -134,7 +141,7 @@ void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const
 void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale) {
   QVL_CHECK(shape.head_dim <= 32 * kMaxPerLane) << "head_dim " << shape.head_dim;
-  QVL_CHECK(cache.dtype == DType::kBF16) << "KV cache dtype " << dtype_name(cache.dtype);
+  QVL_CHECK(cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3) << "KV cache dtype " << dtype_name(cache.dtype);
   TextGenericParams p{};
   p.out = out.as<bf16>();
   p.qkv = qkv.as<bf16>();
@@ -153,6 +160,7 @@ void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const T
   p.hq = shape.num_q_heads;
   p.hkv = shape.num_kv_heads;
   p.hd = shape.head_dim;
+  p.esize = dtype_size(cache.dtype);
   p.scale_log2 = scale * 1.4426950408889634f;
   const int64_t warps = static_cast<int64_t>(p.rows) * p.hq;
   launch(ctx, "text_attention_generic", text_generic_kernel, dim3(ceil_div(warps, 4)), dim3(128), 0, p);

@@ -22,12 +22,14 @@ struct CacheGeometry {
   int64_t page_bytes = 0;
   int64_t layer_offset = 0;  // layer * layer_bytes
   int64_t v_offset = 0;      // page_size * token_bytes
-  int64_t token_bytes = 0;   // Hkv * dh * 2
+  int64_t token_bytes = 0;   // Hkv * dh * element size
   int page_size = 16;
+  int esize = 2;             // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
 };
 
 CacheGeometry geometry(const KvCacheView& cache, int layer) {
-  QVL_CHECK(cache.dtype == DType::kBF16) << "KV cache dtype " << dtype_name(cache.dtype) << " (BF16 only)";
+  QVL_CHECK(cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3)
+      << "KV cache dtype " << dtype_name(cache.dtype) << " (BF16 or F8_E4M3)";
   QVL_CHECK(layer >= 0 && layer < cache.num_layers) << "layer " << layer << " of " << cache.num_layers;
   CacheGeometry g;
   g.base = static_cast<char*>(cache.base);
@@ -36,13 +38,38 @@ CacheGeometry geometry(const KvCacheView& cache, int layer) {
   g.token_bytes = static_cast<int64_t>(cache.token_bytes_per_layer());
   g.v_offset = g.token_bytes * cache.page_size;
   g.page_size = cache.page_size;
+  g.esize = dtype_size(cache.dtype);
   return g;
 }
 
-__device__ __forceinline__ bf16* cache_row(const CacheGeometry& c, int32_t page, int off, int kvh, int hd, bool v) {
-  return reinterpret_cast<bf16*>(c.base + page * c.page_bytes + c.layer_offset + (v ? c.v_offset : 0) +
-                                 off * c.token_bytes) +
-         static_cast<int64_t>(kvh) * hd;
+// First byte of head `kvh` of token (page, off) of this layer's K (or V).
+__device__ __forceinline__ char* cache_row(const CacheGeometry& c, int32_t page, int off, int kvh, int hd, bool v) {
+  return c.base + page * c.page_bytes + c.layer_offset + (v ? c.v_offset : 0) + off * c.token_bytes +
+         static_cast<int64_t>(kvh) * hd * c.esize;
+}
+
+// Element d of a cache row (BF16, or FP8 rounded from BF16 as an engine casting its bf16 K/V would).
+__device__ __forceinline__ void store_kv(char* row, int d, float v, int esize) {
+  if (esize == 2) {
+    reinterpret_cast<bf16*>(row)[d] = __float2bfloat16_rn(v);
+  } else {
+    reinterpret_cast<uint8_t*>(row)[d] = float_to_fp8_e4m3_dev(bf16_round(v));
+  }
+}
+
+// 8 consecutive cache elements as floats (16 bytes of BF16 or 8 bytes of FP8).
+template <bool kFp8>
+__device__ __forceinline__ void load_kv8(const char* p, float (&f)[8]) {
+  if constexpr (kFp8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+      f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+    }
+  } else {
+    unpack8(*reinterpret_cast<const uint4*>(p), f);
+  }
 }
 
 // ---------------------------------------------------------------- q/k norm + M-RoPE + store
@@ -88,8 +115,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     bf16* src = row + static_cast<int64_t>(hh) * p.hd;
     if (hh >= p.hq + p.hkv) {  // v: copy into the cache
       if (slot < 0) continue;
-      bf16* dst = cache_row(p.cache, page, off, hh - p.hq - p.hkv, p.hd, true);
-      for (int d = lane; d < p.hd; d += 32) dst[d] = src[d];
+      char* dst = cache_row(p.cache, page, off, hh - p.hq - p.hkv, p.hd, true);
+      for (int d = lane; d < p.hd; d += 32) store_kv(dst, d, __bfloat162float(src[d]), p.cache.esize);
       continue;
     }
     const bool is_q = hh < p.hq;
@@ -103,7 +130,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(p.hd) + p.eps);
     for (int d = lane; d < p.hd; d += 32) b[d] = bf16_round(static_cast<float>(w[d]) * bf16_round(b[d] * rstd));
     __syncwarp();
-    bf16* dst = is_q ? src : (slot >= 0 ? cache_row(p.cache, page, off, hh - p.hq, p.hd, false) : nullptr);
+    char* kdst = !is_q && slot >= 0 ? cache_row(p.cache, page, off, hh - p.hq, p.hd, false) : nullptr;
     float out[8];  // head_dim <= 256: dims lane + 32 i
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -115,28 +142,29 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
       }
     }
     __syncwarp();  // every lane has read b before the next head overwrites it
-    if (dst) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int d = lane + 32 * i;
-        if (d < p.hd) dst[d] = __float2bfloat16_rn(out[i]);
-      }
+    for (int i = 0; i < 8; ++i) {
+      const int d = lane + 32 * i;
+      if (d >= p.hd) continue;
+      if (is_q) src[d] = __float2bfloat16_rn(out[i]);  // q stays in qkv, rotated in place
+      else if (kdst) store_kv(kdst, d, out[i], p.cache.esize);
     }
   }
 }
 
 // ---------------------------------------------------------------- prefill (flash, paged)
-template <int BM>
+struct PagedParams {
+  const bf16* qkv;
+  bf16* out;
+  const int32_t* query_start;
+  const int32_t* context_len;
+  const int32_t* page_table;
+  CacheGeometry cache;
+  int num_seqs, max_pages, hq, hkv;
+};
+template <int BM, bool kFp8Kv>
 struct PagedPolicy {
-  struct Params {
-    const bf16* qkv;
-    bf16* out;
-    const int32_t* query_start;
-    const int32_t* context_len;
-    const int32_t* page_table;
-    CacheGeometry cache;
-    int num_seqs, max_pages, hq, hkv;
-  };
+  using Params = PagedParams;
   __device__ static bool locate(const Params& p, flash::Tile& t) {
     int idx = blockIdx.x;
     for (int s = 0; s < p.num_seqs; ++s) {
@@ -161,10 +189,11 @@ struct PagedPolicy {
   __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
     return p.qkv + (t.a + i) * static_cast<int64_t>(p.hq + 2 * p.hkv) * HD + t.head * HD;
   }
+  using KvElem = std::conditional_t<kFp8Kv, uint8_t, bf16>;
   template <int HD>
-  __device__ static const bf16* kv_row(const Params& p, const flash::Tile& t, int j, bool v) {
+  __device__ static const KvElem* kv_row(const Params& p, const flash::Tile& t, int j, bool v) {
     const int32_t page = p.page_table[t.b * p.max_pages + j / p.cache.page_size];
-    return cache_row(p.cache, page, j % p.cache.page_size, t.head / (p.hq / p.hkv), HD, v);
+    return reinterpret_cast<const KvElem*>(cache_row(p.cache, page, j % p.cache.page_size, t.head / (p.hq / p.hkv), HD, v));
   }
   template <int HD>
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
@@ -176,14 +205,15 @@ struct PagedPolicy {
 template <int HD, class Pol>
 struct Bound {
   using Params = typename Pol::Params;
+  static constexpr bool kFp8Kv = std::is_same_v<typename Pol::KvElem, uint8_t>;
   __device__ static bool locate(const Params& p, flash::Tile& t) { return Pol::locate(p, t); }
   __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template q_row<HD>(p, t, i);
   }
-  __device__ static const bf16* k_row(const Params& p, const flash::Tile& t, int j) {
+  __device__ static auto k_row(const Params& p, const flash::Tile& t, int j) {
     return Pol::template kv_row<HD>(p, t, j, false);
   }
-  __device__ static const bf16* v_row(const Params& p, const flash::Tile& t, int j) {
+  __device__ static auto v_row(const Params& p, const flash::Tile& t, int j) {
     return Pol::template kv_row<HD>(p, t, j, true);
   }
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
@@ -193,10 +223,12 @@ struct Bound {
 
 constexpr int kPrefillWarps = 4;
 
-template <int HD>
-void run_prefill(const LaunchContext& ctx, const typename PagedPolicy<16 * kPrefillWarps>::Params& prm,
-                 int num_tokens, float scale) {
-  using P = Bound<HD, PagedPolicy<16 * kPrefillWarps>>;
+template <bool kFp8Kv>
+using Paged = PagedPolicy<16 * kPrefillWarps, kFp8Kv>;
+
+template <int HD, bool kFp8Kv>
+void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, float scale) {
+  using P = Bound<HD, Paged<kFp8Kv>>;
   constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps>();
   auto kernel = flash::flash_kernel<HD, kPrefillWarps, P>;
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
@@ -204,9 +236,9 @@ void run_prefill(const LaunchContext& ctx, const typename PagedPolicy<16 * kPref
          scale * 1.4426950408889634f);
 }
 
-template <int HD>
+template <int HD, bool kFp8Kv>
 void configure_prefill() {
-  using P = Bound<HD, PagedPolicy<16 * kPrefillWarps>>;
+  using P = Bound<HD, Paged<kFp8Kv>>;
   constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps>();
   QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kPrefillWarps, P>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -236,7 +268,7 @@ __device__ __forceinline__ int split_len(int ctx, int splits) {
   return max(64, (per + 15) / 16 * 16);
 }
 
-template <int HD>
+template <int HD, bool kFp8Kv>
 __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeParams p) {
   constexpr int LPK = HD / 8;        // lanes per key in the score phase (16 bytes each)
   constexpr int KPW = 32 / LPK;      // keys per warp per step
@@ -292,8 +324,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
       float kv[8];
       if (valid) {
         const int j = t0 + kk;
-        const bf16* krow = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, false);
-        unpack8(*reinterpret_cast<const uint4*>(krow + part * 8), kv);
+        const char* krow = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, false);
+        load_kv8<kFp8Kv>(krow + part * 8 * (kFp8Kv ? 1 : 2), kv);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) kv[e] = 0.0f;
@@ -345,10 +377,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
 #pragma unroll 4
     for (int kk = warp; kk < tn; kk += kDecodeWarps) {
       const int j = t0 + kk;
-      const bf16* vrow = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, true);
+      const char* vrow = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, true);
       float v[DPL];
-      if (DPL == 4) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(vrow + lane * 4);
+      if constexpr (kFp8Kv) {
+        uint32_t raw = 0;
+        if constexpr (DPL == 4) raw = *reinterpret_cast<const uint32_t*>(vrow + lane * 4);
+        else raw = *reinterpret_cast<const uint16_t*>(vrow + lane * 2);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw >> (8 * e)));
+      } else if constexpr (DPL == 4) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(vrow + lane * 8);
         const float2 a = __bfloat1622float2(*reinterpret_cast<const bf162*>(&raw.x));
         const float2 b = __bfloat1622float2(*reinterpret_cast<const bf162*>(&raw.y));
         v[0] = a.x;
@@ -356,7 +394,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
         v[DPL > 2 ? 2 : 0] = b.x;
         v[DPL > 3 ? 3 : 0] = b.y;
       } else {
-        const float2 a = __bfloat1622float2(*reinterpret_cast<const bf162*>(vrow + lane * 2));
+        const float2 a = __bfloat1622float2(*reinterpret_cast<const bf162*>(vrow + lane * 4));
         v[0] = a.x;
         v[DPL > 1 ? 1 : 0] = a.y;
       }
@@ -450,8 +488,10 @@ void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const T
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
 
 void configure_text_attention() {
-  configure_prefill<64>();
-  configure_prefill<128>();
+  configure_prefill<64, false>();
+  configure_prefill<128, false>();
+  configure_prefill<64, true>();
+  configure_prefill<128, true>();
 }
 
 void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,
@@ -496,12 +536,15 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
     launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
     return;
   }
-  typename PagedPolicy<16 * kPrefillWarps>::Params prm{
+  PagedParams prm{
       qkv.as<bf16>(), out.as<bf16>(), batch.query_start.as<int32_t>(), batch.context_len.as<int32_t>(),
       batch.page_table.as<int32_t>(), geometry(cache, layer), batch.num_seqs, batch.max_pages_per_seq,
       shape.num_q_heads, shape.num_kv_heads};
-  if (hd == 64) run_prefill<64>(ctx, prm, batch.num_tokens, scale);
-  else run_prefill<128>(ctx, prm, batch.num_tokens, scale);
+  const bool fp8 = cache.dtype == DType::kF8E4M3;
+  if (hd == 64) fp8 ? run_prefill<64, true>(ctx, prm, batch.num_tokens, scale)
+                    : run_prefill<64, false>(ctx, prm, batch.num_tokens, scale);
+  else fp8 ? run_prefill<128, true>(ctx, prm, batch.num_tokens, scale)
+           : run_prefill<128, false>(ctx, prm, batch.num_tokens, scale);
 }
 
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
@@ -531,8 +574,14 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
                  batch.max_pages_per_seq, shape.num_q_heads, shape.num_kv_heads, splits,
                  scale * 1.4426950408889634f};
   const dim3 grid(static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads), static_cast<unsigned>(splits));
-  if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64>, grid, dim3(kDecodeWarps * 32), 0, p);
-  else launch(ctx, "text_decode_attention", decode_kernel<128>, grid, dim3(kDecodeWarps * 32), 0, p);
+  const dim3 block(kDecodeWarps * 32);
+  if (cache.dtype == DType::kF8E4M3) {
+    if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64, true>, grid, block, 0, p);
+    else launch(ctx, "text_decode_attention", decode_kernel<128, true>, grid, block, 0, p);
+  } else {
+    if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64, false>, grid, block, 0, p);
+    else launch(ctx, "text_decode_attention", decode_kernel<128, false>, grid, block, 0, p);
+  }
 }
 
 }  // namespace qvl::cuda

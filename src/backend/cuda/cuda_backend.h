@@ -15,6 +15,10 @@
 //   writing and re-reading 2 bytes of BF16).
 // Every workspace is allocated once, when the backend is made, so nothing is allocated while
 // generating; cuda_backend_workspace_bytes() gives the exact total for the memory planner.
+//
+// KV cache: BF16, or FP8 E4M3 (KvCacheView::dtype): K and V are rounded to BF16 as the model
+// computes them, then cast to e4m3 with saturation at +-448 and no scale (the scale-free FP8
+// KV of other engines); attention widens them back exactly.
 #pragma once
 
 #include <cstddef>

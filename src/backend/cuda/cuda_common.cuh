@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -111,6 +112,18 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
   return v;
+}
+
+// FP8 E4M3 (torch.float8_e4m3fn) -> float, exact: the 7 magnitude bits placed into a float's
+// exponent/mantissa and rescaled by 2^120 (which also handles subnormals). 0x7f/0xff (NaN)
+// never occur in quantised weights or in the saturated KV cache and decode as 480.
+__device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
+  const float f = __uint_as_float(static_cast<uint32_t>(b & 0x7f) << 20) * 0x1p120f;
+  return (b & 0x80) ? -f : f;
+}
+// float -> FP8 E4M3, round to nearest even, saturating at +-448 (the KV cache's conversion).
+__device__ __forceinline__ uint8_t float_to_fp8_e4m3_dev(float x) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
 __device__ __forceinline__ float gelu_tanh(float z) {

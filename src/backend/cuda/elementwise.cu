@@ -172,13 +172,6 @@ __global__ void epilogue_kernel(bf16* out, const bf16* residual, int64_t total, 
 }
 
 // ---- FP8 dequantisation (transformers' dequantize=True: bf16(float(w8) * scale)) ----
-__device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
-  // Exact: place the 7 magnitude bits into a float's exponent/mantissa and rescale (handles
-  // subnormals); 0x7f/0xff (NaN) never occur in quantised weights and decode as 480.
-  uint32_t mag = static_cast<uint32_t>(b & 0x7f) << 20;
-  float f = __uint_as_float(mag) * 0x1p120f;
-  return (b & 0x80) ? -f : f;
-}
 __global__ void dequant_fp8_kernel(bf16* dst, const uint8_t* w8, const float* scale, int64_t r0, int64_t rows,
                                    int64_t cols, int scale_cols, int rows_per_scale, int block) {
   grid_dep_wait();

@@ -19,6 +19,8 @@
 // sees keys j <= i + causal_offset).
 #pragma once
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace qvl::cuda::flash {
@@ -104,6 +106,35 @@ __device__ __forceinline__ void load_rows(bf16* dst, int valid, RowFn row) {
   }
 }
 
+// The same for an FP8 E4M3 source (the FP8 KV cache): 8-byte loads, widened to BF16 exactly,
+// ordinary shared-memory stores (no cp.async: the data changes form on the way).
+template <int HD, int ROWS, int THREADS, class RowFn>
+__device__ __forceinline__ void load_rows_fp8(bf16* dst, int valid, RowFn row) {
+  using D = Dims<HD>;
+  for (int c = threadIdx.x; c < ROWS * D::CPR; c += THREADS) {
+    const int r = c / D::CPR, col = c % D::CPR;
+    float f[8];
+    if (r < valid) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(row(r) + col * 8);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+        f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+    }
+    *reinterpret_cast<uint4*>(dst + r * D::SK + col * 8) = pack8(f);
+  }
+}
+
+// Policies without the flag read BF16 K/V.
+template <class P, class = void>
+struct KvIsFp8 : std::false_type {};
+template <class P>
+struct KvIsFp8<P, std::void_t<decltype(P::kFp8Kv)>> : std::bool_constant<P::kFp8Kv> {};
+
 template <int HD, int WARPS, class P>
 __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Params prm, float scale_log2) {
   using D = Dims<HD>;
@@ -133,8 +164,13 @@ __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Par
   auto load_kv = [&](int kt, int stage) {
     const int base = kt * BN;
     const int valid = min(BN, tile.kn - base);
-    load_rows<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
-    load_rows<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
+    if constexpr (KvIsFp8<P>::value) {
+      load_rows_fp8<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
+      load_rows_fp8<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
+    } else {
+      load_rows<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
+      load_rows<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
+    }
   };
   load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
   if (ntiles > 0) load_kv(0, 0);
