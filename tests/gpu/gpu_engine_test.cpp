@@ -1,7 +1,8 @@
 // The engine on the CUDA backend with the `tiny` preset (the checkpoint the model fixtures were
 // made from, regenerated and checked by hash), on what only a GPU exercises: BF16 logits brought
 // back for the sampler, decode steps through recorded graphs, a KV region that grows in place.
-//   - decode graphs on and off give bit-identical tokens (same requests, same shapes);
+//   - decode graphs on and off give bit-identical tokens (same requests, same shapes), with a
+//     BF16 and with an FP8 E4M3 KV cache;
 //   - a KV pool that grows by two pages at a time mid-generation gives the same tokens as one
 //     committed up front (growth keeps the base; recordings restart with the new page count);
 //   - the five reference cases run together in a busy batch (chunked prefill, preemption,
@@ -122,6 +123,7 @@ struct EngineShape {
   int64_t pool_pages = 256;
   int64_t grow_pages = 256;
   bool graphs = true;
+  DType kv_dtype = DType::kBF16;
 };
 
 std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
@@ -132,7 +134,7 @@ std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
   eo.eos_token_ids = {151645, 151643};
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, 4, t.max_patches);
-  ro.kv_dtype = DType::kBF16;
+  ro.kv_dtype = shape.kv_dtype;
   ro.decode_graphs = shape.graphs;
   auto runner = make_qwen3vl_runner(t.backend, t.model, ro);
   EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
@@ -178,13 +180,17 @@ TEST(GpuEngine, DecodeGraphsOnAndOffGiveTheSameTokens) {
   std::string why;
   Tiny& t = tiny(&why);
   if (!why.empty()) GTEST_SKIP() << why;
-  EngineShape eager;
-  eager.graphs = false;
-  auto a = run_each(*make_cuda_engine(t, eager), t.cases);
-  auto b = run_each(*make_cuda_engine(t, EngineShape{}), t.cases);
-  for (size_t i = 0; i < t.cases.size(); ++i) {
-    EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
-    EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
+  for (DType kv : {DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(std::string("KV ") + std::string(dtype_name(kv)));
+    EngineShape eager, graphs;
+    eager.graphs = false;
+    eager.kv_dtype = graphs.kv_dtype = kv;
+    auto a = run_each(*make_cuda_engine(t, eager), t.cases);
+    auto b = run_each(*make_cuda_engine(t, graphs), t.cases);
+    for (size_t i = 0; i < t.cases.size(); ++i) {
+      EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
+      EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
+    }
   }
 }
 
