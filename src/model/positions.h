@@ -13,20 +13,12 @@
 #include <span>
 #include <vector>
 
+#include "core/image_grid.h"
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/config.h"
 
 namespace qvl {
-
-// Patch grid of one image (or video clip) as image_grid_thw reports it.
-struct ImageGrid {
-  int t = 1, h = 0, w = 0;
-
-  int64_t num_patches() const { return static_cast<int64_t>(t) * h * w; }
-  // Merged tokens in the prompt: t·h·w / merge².
-  int64_t num_tokens(int merge) const { return num_patches() / (merge * merge); }
-};
 
 // A grid the vision encoder accepts: positive, h and w multiples of the merge size.
 Status validate_grid(const ImageGrid& grid, const VisionConfig& vision, int image_index);

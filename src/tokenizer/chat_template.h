@@ -26,15 +26,12 @@
 #include <variant>
 #include <vector>
 
+#include "core/image_grid.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qvl {
 
-// An image's patch grid as the image processor reports it (image_grid_thw).
-struct ImageGrid {
-  int t = 1, h = 0, w = 0;
-};
 
 struct ContentPart {
   enum class Kind { kText, kImage, kVideo };
