@@ -55,7 +55,9 @@ struct BenchOptions {
   std::string out;
 };
 
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -174,8 +176,7 @@ Status run_bench(const BenchOptions& o) {
   std::vector<ImageInput> images;
   if (with_image) {
     ids.push_back(tk.vision_start_token_id);
-    ids.insert(ids.end(), static_cast<size_t>(grid.num_tokens(config.vision.spatial_merge_size)),
-               tk.image_token_id);
+    ids.insert(ids.end(), static_cast<size_t>(grid.num_tokens(config.vision.spatial_merge_size)), tk.image_token_id);
     ids.push_back(tk.vision_end_token_id);
     grids.push_back(grid);
     pixels = synthetic_pixels(grid.num_patches() * config.vision.patch_dim());
@@ -260,8 +261,15 @@ Status run_bench(const BenchOptions& o) {
     be.copy_to_device(s.context_len, &ctx);
     be.copy_to_device(s.page_table, table.data());
     be.copy_to_device(s.logits_rows, &last);
-    TextBatch batch{1, static_cast<int>(L), static_cast<int>(P), static_cast<int>(L), s.query_start, s.context_len,
-                    s.page_table, s.slots, s.positions};
+    TextBatch batch{1,
+                    static_cast<int>(L),
+                    static_cast<int>(P),
+                    static_cast<int>(L),
+                    s.query_start,
+                    s.context_len,
+                    s.page_table,
+                    s.slots,
+                    s.positions};
     TextStepInputs in;
     in.token_ids = s.ids;
     in.logits_rows = s.logits_rows;
@@ -338,8 +346,15 @@ Status run_bench(const BenchOptions& o) {
     be.copy_to_device(g_slots, h_slots.data());
     be.copy_to_device(g_ctx, h_ctx.data());
 
-    TextBatch batch{B, B, static_cast<int>(P), static_cast<int>(per_seq_tokens), s.query_start, s.context_len,
-                    s.page_table, s.slots, s.positions};
+    TextBatch batch{B,
+                    B,
+                    static_cast<int>(P),
+                    static_cast<int>(per_seq_tokens),
+                    s.query_start,
+                    s.context_len,
+                    s.page_table,
+                    s.slots,
+                    s.positions};
     TextStepInputs in;
     in.token_ids = s.ids;
     in.logits_rows = s.logits_rows;
@@ -350,8 +365,10 @@ Status run_bench(const BenchOptions& o) {
       be.copy(s.slots, g_slots.rows(st * B, st * B + B));
       be.copy(s.context_len, g_ctx.rows(st * B, st * B + B));
       auto fwd = [&] { model->forward(batch, in, cache, s.logits, arena); };
-      if (o.no_graphs) fwd();
-      else be.run_graph(key, fwd);
+      if (o.no_graphs)
+        fwd();
+      else
+        be.run_graph(key, fwd);
     };
     int st = 0;
     for (; st < 4; ++st) step(st);  // records the graph, warms up
@@ -371,8 +388,8 @@ Status run_bench(const BenchOptions& o) {
       if (act == DType::kF32) {
         be.copy_to_host(f32.data(), s.logits);
         for (int b = 0; b < B; ++b)
-          checksum += std::max_element(f32.begin() + b * tc.vocab_size, f32.begin() + (b + 1) * tc.vocab_size) -
-                      f32.begin();
+          checksum +=
+              std::max_element(f32.begin() + b * tc.vocab_size, f32.begin() + (b + 1) * tc.vocab_size) - f32.begin();
       } else {
         be.copy_to_host(bits.data(), s.logits);
         for (int b = 0; b < B; ++b) {
@@ -452,7 +469,8 @@ Status run_bench(const BenchOptions& o) {
   out["device"] = device;
   out["load_ms"] = load_ms;
   out["copy_bandwidth_gbps"] = copy_gbps;
-  out["image"] = with_image ? json{{"size", o.image_size}, {"grid_thw", {1, grid.h, grid.w}},
+  out["image"] = with_image ? json{{"size", o.image_size},
+                                   {"grid_thw", {1, grid.h, grid.w}},
                                    {"patches", grid.num_patches()},
                                    {"tokens", grid.num_tokens(config.vision.spatial_merge_size)}}
                             : json(nullptr);

@@ -32,9 +32,9 @@ TEST(GpuOps, VisionAttention) {
     cuda()->vision_attention(out.g, qkv.g, sg, c.nh, c.dh, scale);
     std::string segs;
     for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
-    EXPECT_TRUE(compare_pair("vision_attention", "segs " + segs + " nh" + std::to_string(c.nh) + " dh" +
-                                                     std::to_string(c.dh),
-                             out, tol::kGpuAttention));
+    EXPECT_TRUE(compare_pair("vision_attention",
+                             "segs " + segs + " nh" + std::to_string(c.nh) + " dh" + std::to_string(c.dh), out,
+                             tol::kGpuAttention));
   }
 }
 
@@ -143,9 +143,9 @@ TEST(GpuOps, TextQkvPrepare) {
     DType kv;
   };
   const DType bf = DType::kBF16, f8 = DType::kF8E4M3;
-  for (const Case& c : {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf},
-                        Case{{{5, 5}}, 4, 2, 64, bf}, Case{{{3, 20}}, 2, 1, 40, bf},
-                        Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8}}) {
+  for (const Case& c :
+       {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf}, Case{{{5, 5}}, 4, 2, 64, bf},
+        Case{{{3, 20}}, 2, 1, 40, bf}, Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8}}) {
     TextSetup t;
     setup_text(t, c.seqs, c.hkv, c.hd, 2, c.kv);
     const int n = t.num_tokens, layer = 1;
@@ -154,7 +154,8 @@ TEST(GpuOps, TextQkvPrepare) {
     std::vector<float> qn = random_values(c.hd, 0.2f), kn = random_values(c.hd, 0.2f);
     for (auto& v : qn) v += 1.0f;
     for (auto& v : kn) v += 1.0f;
-    Pair qnorm = same_bytes(t.s, DType::kF32, {c.hd}, qn.data()), knorm = same_bytes(t.s, DType::kF32, {c.hd}, kn.data());
+    Pair qnorm = same_bytes(t.s, DType::kF32, {c.hd}, qn.data()),
+         knorm = same_bytes(t.s, DType::kF32, {c.hd}, kn.data());
     const MropeSpec rope = make_mrope(c.hd);
     const TextAttentionShape shape{c.hq, c.hkv, c.hd};
     cpu().text_qkv_prepare(qkv.c, qnorm.c, knorm.c, 1e-6f, rope, t.bc, t.cc, layer, shape);

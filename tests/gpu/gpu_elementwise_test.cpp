@@ -93,17 +93,18 @@ TEST(GpuOps, RmsNorm) {
     DType wdt;
     bool in_place;
   };
-  for (Case c : {Case{1, 2048, DType::kF32, false}, Case{7, 2048, DType::kBF16, false}, Case{64, 128, DType::kF32, false},
-                 Case{5, 100, DType::kF32, false}, Case{3, 8200, DType::kF32, false}, Case{9, 2560, DType::kF32, true}}) {
+  for (Case c :
+       {Case{1, 2048, DType::kF32, false}, Case{7, 2048, DType::kBF16, false}, Case{64, 128, DType::kF32, false},
+        Case{5, 100, DType::kF32, false}, Case{3, 8200, DType::kF32, false}, Case{9, 2560, DType::kF32, true}}) {
     Scratch s;
     LoadedTable w = load_vector(c.H, c.wdt, 1.0f, 0.3f);
     Pair x = activation(s, {c.n, c.H}, random_values(c.n * c.H, 2.0f));
     Pair out = c.in_place ? x : activation(s, {c.n, c.H}, std::vector<float>(static_cast<size_t>(c.n * c.H), 0.0f));
     cpu().rms_norm(out.c, x.c, w.c, 1e-6f);
     cuda()->rms_norm(out.g, x.g, w.g, 1e-6f);
-    EXPECT_TRUE(compare_pair(std::string("rms_norm") + (c.in_place ? " in place" : "") +
-                                 (c.wdt == DType::kBF16 ? " w:bf16" : " w:f32"),
-                             dims({c.n, c.H}), out, tol::kGpuElementwise));
+    EXPECT_TRUE(compare_pair(
+        std::string("rms_norm") + (c.in_place ? " in place" : "") + (c.wdt == DType::kBF16 ? " w:bf16" : " w:f32"),
+        dims({c.n, c.H}), out, tol::kGpuElementwise));
   }
 }
 

@@ -37,7 +37,8 @@ HostPart make_part(int64_t rows, int64_t cols, bool fp8, float wscale) {
     for (int64_t bj = 0; bj < cb; ++bj) {
       float amax = 0.0f;
       for (int64_t i = bi * B; i < std::min(rows, (bi + 1) * B); ++i)
-        for (int64_t j = bj * B; j < std::min(cols, (bj + 1) * B); ++j) amax = std::max(amax, std::fabs(w[i * cols + j]));
+        for (int64_t j = bj * B; j < std::min(cols, (bj + 1) * B); ++j)
+          amax = std::max(amax, std::fabs(w[i * cols + j]));
       const float s = amax > 0 ? amax / kFp8E4M3Max : 1.0f;
       p.scale[bi * cb + bj] = s;
       for (int64_t i = bi * B; i < std::min(rows, (bi + 1) * B); ++i)
@@ -119,14 +120,14 @@ TEST(GpuOps, LinearBf16) {
   QVL_REQUIRE_CUDA();
   const auto none = Activation::kNone;
   std::vector<Case> cases = {
-      {1, 2048, {2048}, false, false, none, 0},                  // decode o_proj shape
-      {1, 2048, {2048, 1024, 1024}, false, false, none, 0},      // q|k|v merged
-      {7, 2048, {1000}, false, true, none, 1},                   // N % 16 != 0
+      {1, 2048, {2048}, false, false, none, 0},              // decode o_proj shape
+      {1, 2048, {2048, 1024, 1024}, false, false, none, 0},  // q|k|v merged
+      {7, 2048, {1000}, false, true, none, 1},               // N % 16 != 0
       {8, 256, {384}, false, false, Activation::kGeluTanh, 0},
-      {17, 4096, {136}, false, true, none, 2},                   // in-place residual
+      {17, 4096, {136}, false, true, none, 2},                      // in-place residual
       {32, 1000, {64, 64}, false, false, Activation::kGeluErf, 0},  // K % 128 != 0
-      {33, 512, {640}, false, true, none, 2},                    // cuBLASLt
-      {200, 1536, {1024}, false, true, none, 0},                 // patch embed shape
+      {33, 512, {640}, false, true, none, 2},                       // cuBLASLt
+      {200, 1536, {1024}, false, true, none, 0},                    // patch embed shape
       {129, 1024, {4096}, false, true, Activation::kGeluTanh, 0},
       {64, 4096, {4096}, false, true, Activation::kGeluErf, 0},  // merger fc1 shape
       {5, 36, {24}, false, true, none, 1},                       // K % 8 != 0: cuBLASLt
@@ -139,16 +140,16 @@ TEST(GpuOps, LinearFp8) {
   QVL_REQUIRE_CUDA();
   const auto none = Activation::kNone;
   std::vector<Case> cases = {
-      {1, 2048, {2048, 1024, 1024}, true, false, none, 0},   // decode q|k|v
-      {1, 6144, {2048}, true, false, none, 2},               // decode down + residual
-      {3, 2048, {6144, 6144}, true, false, none, 0},         // gate|up
-      {16, 2560, {200, 184}, true, true, none, 1},           // parts off the 128 grid: per-row scales
+      {1, 2048, {2048, 1024, 1024}, true, false, none, 0},       // decode q|k|v
+      {1, 6144, {2048}, true, false, none, 2},                   // decode down + residual
+      {3, 2048, {6144, 6144}, true, false, none, 0},             // gate|up
+      {16, 2560, {200, 184}, true, true, none, 1},               // parts off the 128 grid: per-row scales
       {32, 1008, {300}, true, false, Activation::kGeluTanh, 0},  // K, N off the 128 grid
-      {20, 1000, {136}, true, true, none, 0},                // K % 16 != 0: dequant + cuBLASLt
-      {77, 2048, {1024}, true, false, none, 2},              // skinny passes (<= 128 rows)
+      {20, 1000, {136}, true, true, none, 0},                    // K % 16 != 0: dequant + cuBLASLt
+      {77, 2048, {1024}, true, false, none, 2},                  // skinny passes (<= 128 rows)
       {128, 512, {640}, true, true, none, 0},
-      {129, 2048, {2048, 512, 512}, true, false, none, 0},   // dequant + cuBLASLt
-      {300, 1024, {4100}, true, true, none, 1},              // dequant in several chunks
+      {129, 2048, {2048, 512, 512}, true, false, none, 0},  // dequant + cuBLASLt
+      {300, 1024, {4100}, true, true, none, 1},             // dequant in several chunks
   };
   for (const Case& c : cases) run_case(c);
 }

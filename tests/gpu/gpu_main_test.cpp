@@ -29,8 +29,8 @@ class TablePrinter : public ::testing::EmptyTestEventListener {
   void OnTestStart(const ::testing::TestInfo& info) override {
     // Each test draws from its own stream: seed + hash of its name, so one test's inputs do not
     // depend on which tests ran before it.
-    std::seed_seq seq{g_seed, static_cast<uint32_t>(std::hash<std::string>{}(std::string(info.test_suite_name()) +
-                                                                              "." + info.name()))};
+    std::seed_seq seq{g_seed, static_cast<uint32_t>(
+                                  std::hash<std::string>{}(std::string(info.test_suite_name()) + "." + info.name()))};
     rng().seed(seq);
   }
   void OnTestProgramEnd(const ::testing::UnitTest&) override {
@@ -62,7 +62,9 @@ Backend& cpu() {
   static std::unique_ptr<Backend> b = make_cpu_backend(0);
   return *b;
 }
-Backend* cuda() { return cuda_ptr().get(); }
+Backend* cuda() {
+  return cuda_ptr().get();
+}
 std::mt19937& rng() {
   static std::mt19937 g;
   return g;

@@ -118,8 +118,8 @@ __global__ void text_generic_kernel(const TextGenericParams p) {
   }
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
   for (int j = 0; j <= pos; ++j) {
-    const char* row = p.cache + pt[j / p.page_size] * p.page_bytes + p.layer_offset + (j % p.page_size) * p.token_bytes +
-                      static_cast<int64_t>(kvh) * p.hd * p.esize;
+    const char* row = p.cache + pt[j / p.page_size] * p.page_bytes + p.layer_offset +
+                      (j % p.page_size) * p.token_bytes + static_cast<int64_t>(kvh) * p.hd * p.esize;
     const float s = dot_lanes(q, row, p.hd, lane, p.esize) * p.scale_log2;
     sm.add(s, row + p.v_offset, p.hd, lane, p.esize);
   }
@@ -128,20 +128,21 @@ __global__ void text_generic_kernel(const TextGenericParams p) {
 
 }  // namespace
 
-void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
-                                     const VisionSegments& seg, int num_heads, int head_dim, float scale) {
+void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
+                                     int num_heads, int head_dim, float scale) {
   QVL_CHECK(head_dim <= 32 * kMaxPerLane) << "head_dim " << head_dim;
   const int rows = static_cast<int>(qkv.dim(0));
   const int64_t warps = static_cast<int64_t>(rows) * num_heads;
-  launch(ctx, "vision_attention_generic", vision_generic_kernel, dim3(ceil_div(warps, 4)), dim3(128), 0,
-         out.as<bf16>(), qkv.as<bf16>(), seg.cu_seqlens.as<int32_t>(),
-         static_cast<int>(seg.host_cu_seqlens.size()) - 1, rows, num_heads, head_dim, scale * 1.4426950408889634f);
+  launch(ctx, "vision_attention_generic", vision_generic_kernel, dim3(ceil_div(warps, 4)), dim3(128), 0, out.as<bf16>(),
+         qkv.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, rows,
+         num_heads, head_dim, scale * 1.4426950408889634f);
 }
 
 void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale) {
   QVL_CHECK(shape.head_dim <= 32 * kMaxPerLane) << "head_dim " << shape.head_dim;
-  QVL_CHECK(cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3) << "KV cache dtype " << dtype_name(cache.dtype);
+  QVL_CHECK(cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3)
+      << "KV cache dtype " << dtype_name(cache.dtype);
   TextGenericParams p{};
   p.out = out.as<bf16>();
   p.qkv = qkv.as<bf16>();

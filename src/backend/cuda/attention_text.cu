@@ -24,7 +24,7 @@ struct CacheGeometry {
   int64_t v_offset = 0;      // page_size * token_bytes
   int64_t token_bytes = 0;   // Hkv * dh * element size
   int page_size = 16;
-  int esize = 2;             // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
+  int esize = 2;  // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
 };
 
 CacheGeometry geometry(const KvCacheView& cache, int layer) {
@@ -146,8 +146,10 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     for (int i = 0; i < 8; ++i) {
       const int d = lane + 32 * i;
       if (d >= p.hd) continue;
-      if (is_q) src[d] = __float2bfloat16_rn(out[i]);  // q stays in qkv, rotated in place
-      else if (kdst) store_kv(kdst, d, out[i], p.cache.esize);
+      if (is_q)
+        src[d] = __float2bfloat16_rn(out[i]);  // q stays in qkv, rotated in place
+      else if (kdst)
+        store_kv(kdst, d, out[i], p.cache.esize);
     }
   }
 }
@@ -193,7 +195,8 @@ struct PagedPolicy {
   template <int HD>
   __device__ static const KvElem* kv_row(const Params& p, const flash::Tile& t, int j, bool v) {
     const int32_t page = p.page_table[t.b * p.max_pages + j / p.cache.page_size];
-    return reinterpret_cast<const KvElem*>(cache_row(p.cache, page, j % p.cache.page_size, t.head / (p.hq / p.hkv), HD, v));
+    return reinterpret_cast<const KvElem*>(
+        cache_row(p.cache, page, j % p.cache.page_size, t.head / (p.hq / p.hkv), HD, v));
   }
   template <int HD>
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
@@ -270,9 +273,9 @@ __device__ __forceinline__ int split_len(int ctx, int splits) {
 
 template <int HD, bool kFp8Kv>
 __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeParams p) {
-  constexpr int LPK = HD / 8;        // lanes per key in the score phase (16 bytes each)
-  constexpr int KPW = 32 / LPK;      // keys per warp per step
-  constexpr int DPL = HD / 32;       // output dims per lane in the PV phase
+  constexpr int LPK = HD / 8;    // lanes per key in the score phase (16 bytes each)
+  constexpr int KPW = 32 / LPK;  // keys per warp per step
+  constexpr int DPL = HD / 32;   // output dims per lane in the PV phase
   __shared__ float sc[kMaxGroup][kDecodeTile];
   __shared__ float s_alpha[kMaxGroup], s_m[kMaxGroup], s_l[kMaxGroup];
   __shared__ float red[kDecodeWarps][kMaxGroup][HD];
@@ -381,8 +384,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_kernel(const DecodeP
       float v[DPL];
       if constexpr (kFp8Kv) {
         uint32_t raw = 0;
-        if constexpr (DPL == 4) raw = *reinterpret_cast<const uint32_t*>(vrow + lane * 4);
-        else raw = *reinterpret_cast<const uint16_t*>(vrow + lane * 2);
+        if constexpr (DPL == 4)
+          raw = *reinterpret_cast<const uint32_t*>(vrow + lane * 4);
+        else
+          raw = *reinterpret_cast<const uint16_t*>(vrow + lane * 2);
 #pragma unroll
         for (int e = 0; e < DPL; ++e) v[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw >> (8 * e)));
       } else if constexpr (DPL == 4) {
@@ -514,14 +519,23 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
   QVL_CHECK_EQ(cache.head_dim, shape.head_dim);
   auto go = [&](auto tag) {
     using W = decltype(tag);
-    PrepareParams<W> p{qkv.as<bf16>(), q_norm.as<W>(), k_norm.as<W>(), batch.positions.as<int32_t>(),
-                       batch.slots.as<int32_t>(), geometry(cache, layer), eps,
-                       shape.num_q_heads, shape.num_kv_heads, shape.head_dim};
+    PrepareParams<W> p{qkv.as<bf16>(),
+                       q_norm.as<W>(),
+                       k_norm.as<W>(),
+                       batch.positions.as<int32_t>(),
+                       batch.slots.as<int32_t>(),
+                       geometry(cache, layer),
+                       eps,
+                       shape.num_q_heads,
+                       shape.num_kv_heads,
+                       shape.head_dim};
     launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens), dim3(kPrepareWarps * 32), 0, p,
            rope);
   };
-  if (q_norm.dtype == DType::kBF16) go(bf16{});
-  else go(float{});
+  if (q_norm.dtype == DType::kBF16)
+    go(bf16{});
+  else
+    go(float{});
 }
 
 void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
@@ -536,15 +550,23 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
     launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
     return;
   }
-  PagedParams prm{
-      qkv.as<bf16>(), out.as<bf16>(), batch.query_start.as<int32_t>(), batch.context_len.as<int32_t>(),
-      batch.page_table.as<int32_t>(), geometry(cache, layer), batch.num_seqs, batch.max_pages_per_seq,
-      shape.num_q_heads, shape.num_kv_heads};
+  PagedParams prm{qkv.as<bf16>(),
+                  out.as<bf16>(),
+                  batch.query_start.as<int32_t>(),
+                  batch.context_len.as<int32_t>(),
+                  batch.page_table.as<int32_t>(),
+                  geometry(cache, layer),
+                  batch.num_seqs,
+                  batch.max_pages_per_seq,
+                  shape.num_q_heads,
+                  shape.num_kv_heads};
   const bool fp8 = cache.dtype == DType::kF8E4M3;
-  if (hd == 64) fp8 ? run_prefill<64, true>(ctx, prm, batch.num_tokens, scale)
-                    : run_prefill<64, false>(ctx, prm, batch.num_tokens, scale);
-  else fp8 ? run_prefill<128, true>(ctx, prm, batch.num_tokens, scale)
-           : run_prefill<128, false>(ctx, prm, batch.num_tokens, scale);
+  if (hd == 64)
+    fp8 ? run_prefill<64, true>(ctx, prm, batch.num_tokens, scale)
+        : run_prefill<64, false>(ctx, prm, batch.num_tokens, scale);
+  else
+    fp8 ? run_prefill<128, true>(ctx, prm, batch.num_tokens, scale)
+        : run_prefill<128, false>(ctx, prm, batch.num_tokens, scale);
 }
 
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
@@ -569,18 +591,31 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
                                          "max_head_dim)";
     QVL_CHECK_LE(batch.num_seqs * shape.num_kv_heads, kDecodeSplitBlocks);
   }
-  DecodeParams p{qkv.as<bf16>(), out.as<bf16>(), partial, counters, batch.query_start.as<int32_t>(),
-                 batch.context_len.as<int32_t>(), batch.page_table.as<int32_t>(), geometry(cache, layer),
-                 batch.max_pages_per_seq, shape.num_q_heads, shape.num_kv_heads, splits,
+  DecodeParams p{qkv.as<bf16>(),
+                 out.as<bf16>(),
+                 partial,
+                 counters,
+                 batch.query_start.as<int32_t>(),
+                 batch.context_len.as<int32_t>(),
+                 batch.page_table.as<int32_t>(),
+                 geometry(cache, layer),
+                 batch.max_pages_per_seq,
+                 shape.num_q_heads,
+                 shape.num_kv_heads,
+                 splits,
                  scale * 1.4426950408889634f};
   const dim3 grid(static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads), static_cast<unsigned>(splits));
   const dim3 block(kDecodeWarps * 32);
   if (cache.dtype == DType::kF8E4M3) {
-    if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64, true>, grid, block, 0, p);
-    else launch(ctx, "text_decode_attention", decode_kernel<128, true>, grid, block, 0, p);
+    if (hd == 64)
+      launch(ctx, "text_decode_attention", decode_kernel<64, true>, grid, block, 0, p);
+    else
+      launch(ctx, "text_decode_attention", decode_kernel<128, true>, grid, block, 0, p);
   } else {
-    if (hd == 64) launch(ctx, "text_decode_attention", decode_kernel<64, false>, grid, block, 0, p);
-    else launch(ctx, "text_decode_attention", decode_kernel<128, false>, grid, block, 0, p);
+    if (hd == 64)
+      launch(ctx, "text_decode_attention", decode_kernel<64, false>, grid, block, 0, p);
+    else
+      launch(ctx, "text_decode_attention", decode_kernel<128, false>, grid, block, 0, p);
   }
 }
 

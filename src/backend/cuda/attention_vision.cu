@@ -68,8 +68,8 @@ void configure() {
 
 }  // namespace
 
-void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
-                                     const VisionSegments& seg, int num_heads, int head_dim, float scale);
+void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
+                                     int num_heads, int head_dim, float scale);
 
 void configure_vision_attention() {
   configure<64>();
@@ -82,8 +82,8 @@ void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor&
   QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
   QVL_CHECK_EQ(out.row_numel(), 1LL * num_heads * head_dim);
   QVL_CHECK_EQ(out.dim(0), qkv.dim(0));
-  QVL_CHECK(seg.cu_seqlens.dtype == DType::kI32 && seg.cu_seqlens.numel() ==
-                                                       static_cast<int64_t>(seg.host_cu_seqlens.size()))
+  QVL_CHECK(seg.cu_seqlens.dtype == DType::kI32 &&
+            seg.cu_seqlens.numel() == static_cast<int64_t>(seg.host_cu_seqlens.size()))
       << "cu_seqlens " << seg.cu_seqlens.describe() << " vs " << seg.host_cu_seqlens.size() << " host values";
   QVL_CHECK_GE(seg.host_cu_seqlens.size(), 1u);
   QVL_CHECK_EQ(seg.host_cu_seqlens.front(), 0);

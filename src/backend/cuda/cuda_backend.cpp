@@ -1,6 +1,8 @@
 // The CUDA backend (backend.h on one device and one stream). Ordinary C++: kernels are reached
 // through kernels.h, cuBLASLt through gemm.h, growable regions through region.h. Everything the
 // ops need beyond their arguments (workspaces, scratch) is allocated in the constructor.
+#include "backend/cuda/cuda_backend.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/region.h"
@@ -21,11 +22,11 @@ namespace {
 using cuda::AllocationStats;
 using cuda::LaunchContext;
 
-#define QVL_CUDA_OK(expr)                                                                                   \
-  do {                                                                                                      \
-    cudaError_t qvl_e_ = (expr);                                                                            \
-    QVL_CHECK(qvl_e_ == cudaSuccess) << #expr << ": " << cudaGetErrorName(qvl_e_) << " ("                   \
-                                     << cudaGetErrorString(qvl_e_) << ")";                                  \
+#define QVL_CUDA_OK(expr)                                                                 \
+  do {                                                                                    \
+    cudaError_t qvl_e_ = (expr);                                                          \
+    QVL_CHECK(qvl_e_ == cudaSuccess) << #expr << ": " << cudaGetErrorName(qvl_e_) << " (" \
+                                     << cudaGetErrorString(qvl_e_) << ")";                \
   } while (0)
 
 // Host-side conversion of n elements to BF16 or F32 (weights whose checkpoint dtype differs
@@ -33,10 +34,14 @@ using cuda::LaunchContext;
 bool host_convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   auto read = [&](int64_t i) -> float {
     switch (from) {
-      case DType::kF32: return static_cast<const float*>(src)[i];
-      case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(src)[i]);
-      case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(src)[i]);
-      default: return 0.0f;
+      case DType::kF32:
+        return static_cast<const float*>(src)[i];
+      case DType::kBF16:
+        return bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+      case DType::kF16:
+        return f16_to_float(static_cast<const uint16_t*>(src)[i]);
+      default:
+        return 0.0f;
     }
   };
   if (from != DType::kF32 && from != DType::kBF16 && from != DType::kF16) return false;
@@ -103,9 +108,8 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      return resource_exhausted(tag + ": cannot allocate " + std::to_string(bytes >> 20) + " MiB on " + name() +
-                                " (" + std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) +
-                                ")");
+      return resource_exhausted(tag + ": cannot allocate " + std::to_string(bytes >> 20) + " MiB on " + name() + " (" +
+                                std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + ")");
     }
     stats_->add(size);
     auto stats = stats_;
@@ -167,8 +171,7 @@ class CudaBackend final : public Backend {
     return out;
   }
 
-  Result<LinearWeight> load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,
-                                   int block_size) override;
+  Result<LinearWeight> load_linear(std::span<const LinearPart> parts, const Tensor& host_bias, int block_size) override;
 
   // ---- ops ----
   void embedding(Tensor out, const Tensor& table, const Tensor& ids) override {
@@ -245,10 +248,9 @@ class CudaBackend final : public Backend {
     flush();
     if (batch.num_tokens == 0) return;
     if (batch.num_tokens == batch.num_seqs) {
-      cuda::launch_text_decode_attention(ctx_, out, qkv, batch, cache, layer, shape, scale,
-                                         static_cast<float*>(decode_scratch_.data()),
-                                         decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t),
-                                         decode_counters());
+      cuda::launch_text_decode_attention(
+          ctx_, out, qkv, batch, cache, layer, shape, scale, static_cast<float*>(decode_scratch_.data()),
+          decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t), decode_counters());
     } else {
       cuda::launch_text_prefill_attention(ctx_, out, qkv, batch, cache, layer, shape, scale);
     }
@@ -307,8 +309,10 @@ class CudaBackend final : public Backend {
     if (pending_.kind == Pending::kNone) return;
     Pending p = pending_;
     pending_ = {};
-    if (p.kind == Pending::kRmsNorm) cuda::launch_rms_norm(ctx_, p.out, p.src, p.weight, p.eps);
-    else cuda::launch_silu_mul(ctx_, p.out, p.src);
+    if (p.kind == Pending::kRmsNorm)
+      cuda::launch_rms_norm(ctx_, p.out, p.src, p.weight, p.eps);
+    else
+      cuda::launch_silu_mul(ctx_, p.out, p.src);
   }
 
   CudaBackendOptions options_;
@@ -337,8 +341,8 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
       return invalid_argument("load_linear: part " + std::to_string(i) + " is " + w.describe() + ", expected [*, " +
                               std::to_string(in) + "]");
     if ((w.dtype == DType::kF8E4M3) != fp8)
-      return invalid_argument("load_linear: part " + std::to_string(i) + " is " + w.describe() +
-                              " but part 0 is " + parts[0].weight.describe());
+      return invalid_argument("load_linear: part " + std::to_string(i) + " is " + w.describe() + " but part 0 is " +
+                              parts[0].weight.describe());
     out += w.dim(0);
   }
   LinearWeight lw;
@@ -384,8 +388,8 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
       std::vector<float> ps(static_cast<size_t>(prow * kb));
       if (!host_convert(s.data, s.dtype, ps.data(), DType::kF32, prow * kb))
         return invalid_argument("load_linear: scale_inv dtype " + std::string(dtype_name(s.dtype)));
-      QVL_CUDA_OK(cudaMemcpy(static_cast<char*>(wt.data) + row * in, p.weight.data, p.weight.nbytes(),
-                             cudaMemcpyHostToDevice));
+      QVL_CUDA_OK(
+          cudaMemcpy(static_cast<char*>(wt.data) + row * in, p.weight.data, p.weight.nbytes(), cudaMemcpyHostToDevice));
       if (aligned) {
         std::copy(ps.begin(), ps.end(), scales.begin() + srow * kb);
         srow += prow;
@@ -404,8 +408,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
   lw.parts.push_back(merged);
   if (!host_bias.empty()) {
     if (host_bias.numel() != out)
-      return invalid_argument("load_linear: bias " + host_bias.describe() + " for " + std::to_string(out) +
-                              " outputs");
+      return invalid_argument("load_linear: bias " + host_bias.describe() + " for " + std::to_string(out) + " outputs");
     QVL_ASSIGN_OR_RETURN(lw.bias, load_tensor(host_bias.reshape({out}), DType::kBF16));
   }
   return lw;

@@ -42,7 +42,7 @@ struct CudaBackendOptions {
   size_t dequant_workspace_bytes = size_t{32} << 20;
   // Split-K decode attention keeps fp32 partial outputs per (sequence, q head, split); the
   // scratch is sized for these bounds (a model beyond them fails a check at its first step).
-  int max_gqa_group = 8;   // q heads per kv head
+  int max_gqa_group = 8;  // q heads per kv head
   int max_head_dim = 128;
   // Programmatic dependent launch on sm_90+: a kernel may start (and stream its weights)
   // while the previous one finishes.

@@ -24,22 +24,20 @@ namespace qvl::cuda {
 
 // A failed CUDA runtime call is a broken device or a bug: it throws CheckFailure with the call,
 // the error name and its description.
-#define QVL_CUDA_CHECK(expr)                                                                           \
-  do {                                                                                                 \
-    cudaError_t qvl_cuda_err_ = (expr);                                                                \
-    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                            \
-        << #expr << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) \
-        << ")";                                                                                        \
+#define QVL_CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                           \
+    cudaError_t qvl_cuda_err_ = (expr);                                                                          \
+    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                                      \
+        << #expr << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) << ")"; \
   } while (0)
 
 // After a kernel launch: launch-configuration errors surface here.
 #define QVL_CUDA_CHECK_LAUNCH(what) QVL_CUDA_CHECK_NAMED(cudaGetLastError(), what)
-#define QVL_CUDA_CHECK_NAMED(expr, what)                                                             \
-  do {                                                                                               \
-    cudaError_t qvl_cuda_err_ = (expr);                                                              \
-    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                          \
-        << (what) << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) \
-        << ")";                                                                                      \
+#define QVL_CUDA_CHECK_NAMED(expr, what)                                                                          \
+  do {                                                                                                            \
+    cudaError_t qvl_cuda_err_ = (expr);                                                                           \
+    QVL_CHECK(qvl_cuda_err_ == cudaSuccess)                                                                       \
+        << (what) << ": " << cudaGetErrorName(qvl_cuda_err_) << " (" << cudaGetErrorString(qvl_cuda_err_) << ")"; \
   } while (0)
 
 using bf16 = __nv_bfloat16;
@@ -60,8 +58,8 @@ __device__ __forceinline__ void grid_dep_launch() {
 // Launches kernel<<<grid, block, smem, ctx.stream>>>(args...) with the PDL attribute when
 // enabled, and checks the launch.
 template <typename... KArgs, typename... Args>
-void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-            size_t smem, Args&&... args) {
+void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+            Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -79,7 +77,9 @@ void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...)
 }
 
 // ---- numeric helpers ----
-__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float bf16_round(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -130,9 +130,15 @@ __device__ __forceinline__ float gelu_tanh(float z) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * z * (1.0f + tanhf(k * (z + 0.044715f * z * z * z)));
 }
-__device__ __forceinline__ float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * 0.7071067811865476f)); }
-__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float gelu_erf(float z) {
+  return 0.5f * z * (1.0f + erff(z * 0.7071067811865476f));
+}
+__device__ __forceinline__ float silu(float z) {
+  return z / (1.0f + expf(-z));
+}
 
-inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+inline unsigned ceil_div(int64_t a, int64_t b) {
+  return static_cast<unsigned>((a + b - 1) / b);
+}
 
 }  // namespace qvl::cuda

@@ -202,8 +202,9 @@ void launch_embedding(const LaunchContext& ctx, Tensor out, const Tensor& table,
   QVL_CHECK(ids.dtype == DType::kI32) << ids.describe();
   QVL_CHECK_EQ(out.dim(0), ids.numel());
   QVL_CHECK_EQ(out.row_numel(), table.row_numel());
-  RowCopy p{table.data, out.data, ids.as<int32_t>(), nullptr, table.dim(0), out.dim(0), out.row_numel(),
-            static_cast<int>(out.dim(0)), false, true};
+  RowCopy p{table.data,   out.data,   ids.as<int32_t>(), nullptr,
+            table.dim(0), out.dim(0), out.row_numel(),   static_cast<int>(out.dim(0)),
+            false,        true};
   run_row_copy(ctx, p, table.dtype);
 }
 
@@ -212,8 +213,9 @@ void launch_scatter_rows(const LaunchContext& ctx, Tensor x, const Tensor& rows,
   QVL_CHECK(rows.dtype == DType::kI32) << rows.describe();
   QVL_CHECK_EQ(src.dim(0), rows.numel());
   QVL_CHECK_EQ(x.row_numel(), src.row_numel());
-  RowCopy p{src.data, x.data, nullptr, rows.as<int32_t>(), src.dim(0), x.dim(0), x.row_numel(),
-            static_cast<int>(src.dim(0)), accumulate, false};
+  RowCopy p{src.data,   x.data,   nullptr,       rows.as<int32_t>(),
+            src.dim(0), x.dim(0), x.row_numel(), static_cast<int>(src.dim(0)),
+            accumulate, false};
   run_row_copy(ctx, p, src.dtype);
 }
 
@@ -222,8 +224,8 @@ void launch_gather_rows(const LaunchContext& ctx, Tensor out, const Tensor& x, c
   QVL_CHECK(rows.dtype == DType::kI32) << rows.describe();
   QVL_CHECK_EQ(out.dim(0), rows.numel());
   QVL_CHECK_EQ(out.row_numel(), x.row_numel());
-  RowCopy p{x.data, out.data, rows.as<int32_t>(), nullptr, x.dim(0), out.dim(0), out.row_numel(),
-            static_cast<int>(out.dim(0)), false, false};
+  RowCopy p{x.data,     out.data,        rows.as<int32_t>(),           nullptr, x.dim(0),
+            out.dim(0), out.row_numel(), static_cast<int>(out.dim(0)), false,   false};
   run_row_copy(ctx, p, x.dtype);
 }
 
@@ -262,8 +264,8 @@ void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope
   QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
   QVL_CHECK_EQ(rope.numel(), qkv.dim(0) * 2 * head_dim);
   const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 2);
-  launch(ctx, "vision_rope", vision_rope_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
-         qkv.as<bf16>(), rope.as<float>(), qkv.dim(0), num_heads, head_dim);
+  launch(ctx, "vision_rope", vision_rope_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0, qkv.as<bf16>(),
+         rope.as<float>(), qkv.dim(0), num_heads, head_dim);
 }
 
 void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const Tensor& residual) {
@@ -273,8 +275,8 @@ void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const
     QVL_CHECK(residual.same_shape(out)) << residual.describe() << " vs " << out.describe();
   }
   if (act == Activation::kNone && residual.empty()) return;
-  launch(ctx, "epilogue", epilogue_kernel, dim3(grid_for(out.numel(), 256, ctx.num_sms)), dim3(256), 0,
-         out.as<bf16>(), residual.empty() ? nullptr : residual.as<bf16>(), out.numel(), static_cast<int>(act));
+  launch(ctx, "epilogue", epilogue_kernel, dim3(grid_for(out.numel(), 256, ctx.num_sms)), dim3(256), 0, out.as<bf16>(),
+         residual.empty() ? nullptr : residual.as<bf16>(), out.numel(), static_cast<int>(act));
 }
 
 void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& w8, const Tensor& scale,

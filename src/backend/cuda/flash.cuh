@@ -36,9 +36,9 @@ struct Tile {
 template <int HD>
 struct Dims {
   static_assert(HD % 8 == 0, "head_dim must be a multiple of 8");
-  static constexpr int HDP = (HD + 15) / 16 * 16;  // Q·Kᵀ contraction, zero-padded
+  static constexpr int HDP = (HD + 15) / 16 * 16;                           // Q·Kᵀ contraction, zero-padded
   static constexpr int SK = ((HDP + 8) / 8 % 2 == 1) ? HDP + 8 : HDP + 16;  // odd count of 16 B
-  static constexpr int CPR = HD / 8;  // 16-byte chunks per row that hold data
+  static constexpr int CPR = HD / 8;                                        // 16-byte chunks per row that hold data
   static constexpr int BN = 64;
   static constexpr int KS = HDP / 16;  // k-steps of Q·Kᵀ
   static constexpr int NO = HD / 8;    // output n-tiles
@@ -54,10 +54,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -141,8 +142,8 @@ __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Par
   constexpr int BM = 16 * WARPS, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
   extern __shared__ uint4 smem_raw[];
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK]
-  bf16* sk = sq + BM * SK;                        // [2][BN][SK]
-  bf16* sv = sk + 2 * BN * SK;                    // [2][BN][SK]
+  bf16* sk = sq + BM * SK;                       // [2][BN][SK]
+  bf16* sv = sk + 2 * BN * SK;                   // [2][BN][SK]
 
   grid_dep_wait();
   grid_dep_launch();
@@ -300,8 +301,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Par
     bf16* out = P::o_row(prm, tile, row);
 #pragma unroll
     for (int n = 0; n < D::NO; ++n) {
-      *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) =
-          __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
   }
 }

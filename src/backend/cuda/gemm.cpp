@@ -11,11 +11,11 @@
 namespace qvl::cuda {
 namespace {
 
-#define QVL_CUBLAS_CHECK(expr)                                                                    \
-  do {                                                                                            \
-    cublasStatus_t qvl_st_ = (expr);                                                              \
-    QVL_CHECK(qvl_st_ == CUBLAS_STATUS_SUCCESS) << #expr << ": " << cublasLtGetStatusName(qvl_st_) \
-                                                << " (" << cublasLtGetStatusString(qvl_st_) << ")"; \
+#define QVL_CUBLAS_CHECK(expr)                                                                                 \
+  do {                                                                                                         \
+    cublasStatus_t qvl_st_ = (expr);                                                                           \
+    QVL_CHECK(qvl_st_ == CUBLAS_STATUS_SUCCESS)                                                                \
+        << #expr << ": " << cublasLtGetStatusName(qvl_st_) << " (" << cublasLtGetStatusString(qvl_st_) << ")"; \
   } while (0)
 
 // Largest power of two (<= 256) dividing the address: what cuBLASLt may assume.
@@ -63,8 +63,7 @@ GemmRunner::Plan& GemmRunner::plan_for(const Key& key) {
   QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (has_bias) {
     const cudaDataType_t bt = CUDA_R_16BF;
-    QVL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   QVL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, m, k));
   QVL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, n, k));
@@ -86,8 +85,8 @@ GemmRunner::Plan& GemmRunner::plan_for(const Key& key) {
   cublasLtMatmulPreferenceDestroy(pref);
   QVL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0)
       << "cuBLASLt has no BF16 algorithm for m=" << m << " n=" << n << " k=" << k << " ldd=" << ldd
-      << " bias=" << has_bias << " residual=" << has_res << " align=" << align << " ("
-      << cublasLtGetStatusName(st) << ")";
+      << " bias=" << has_bias << " residual=" << has_res << " align=" << align << " (" << cublasLtGetStatusName(st)
+      << ")";
   plan->algo = result.algo;
   Plan& ref = *plan;
   plans_.emplace(key, std::move(plan));
@@ -104,8 +103,7 @@ void GemmRunner::bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, i
                     alignment_of(reinterpret_cast<void*>(static_cast<uintptr_t>(ldd * 2)))});
   Plan& plan = plan_for(Key{m, n, k, ldd, bias != nullptr, residual != nullptr, align});
   if (bias)
-    QVL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
   const void* c = residual ? residual : d;
   QVL_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, c, plan.c, d, plan.c,

@@ -24,8 +24,8 @@ class GemmRunner {
 
   // Row-major view: D[n, 0:m] (row stride ldd elements) = X[n, k] · W[m, k]ᵀ + bias[m] +
   // residual[n, 0:m] (row stride ldd; may equal D). bias and residual may be null. All BF16.
-  void bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k,
-                 const void* bias, const void* residual);
+  void bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k, const void* bias,
+                 const void* residual);
 
  private:
   struct Plan;

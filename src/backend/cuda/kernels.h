@@ -15,7 +15,7 @@ namespace qvl::cuda {
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;   // programmatic dependent launch (sm_90+ and enabled)
+  bool pdl = false;  // programmatic dependent launch (sm_90+ and enabled)
   int num_sms = 1;
 };
 
@@ -35,8 +35,8 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
 
 // ---- norm.cu ----
 void launch_rms_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, float eps);
-void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight,
-                       const Tensor& bias, float eps);
+void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       float eps);
 
 // ---- skinny.cu: out = epilogue(x · Wᵀ) for x with at most kSkinnyMaxRows rows ----
 // `w` is a device LinearWeight with one merged part (BF16, or F8E4M3 with F32 scales whose

@@ -29,8 +29,8 @@ __device__ __forceinline__ float load_w(const W* w, int64_t i) {
 }
 
 template <typename W, bool kLayer>
-__global__ void __launch_bounds__(kNormThreads) norm_vec_kernel(bf16* out, const bf16* x, const W* weight,
-                                                                const W* bias, int64_t dim, float eps) {
+__global__ void __launch_bounds__(kNormThreads)
+    norm_vec_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t dim, float eps) {
   __shared__ float shared[kNormThreads / 32];
   grid_dep_wait();
   grid_dep_launch();
@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_vec_kernel(bf16* out, const
 }
 
 template <typename W, bool kLayer>
-__global__ void __launch_bounds__(kNormThreads) norm_scalar_kernel(bf16* out, const bf16* x, const W* weight,
-                                                                   const W* bias, int64_t dim, float eps) {
+__global__ void __launch_bounds__(kNormThreads)
+    norm_scalar_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t dim, float eps) {
   __shared__ float shared[kNormThreads / 32];
   grid_dep_wait();
   grid_dep_launch();
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_scalar_kernel(bf16* out, co
   __syncthreads();
   for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) {
     const float v = __bfloat162float(xr[c]);
-    const float o = kLayer ? (v - mean) * rstd * load_w(weight, c) + load_w(bias, c)
-                           : load_w(weight, c) * bf16_round(v * rstd);
+    const float o =
+        kLayer ? (v - mean) * rstd * load_w(weight, c) + load_w(bias, c) : load_w(weight, c) * bf16_round(v * rstd);
     orow[c] = __float2bfloat16_rn(o);
   }
 }
@@ -147,8 +147,8 @@ void run_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tenso
       launch(ctx, kLayer ? "layer_norm" : "rms_norm", norm_vec_kernel<W, kLayer>, dim3(rows), dim3(kNormThreads), 0,
              out.as<bf16>(), x.as<bf16>(), w, b, dim, eps);
     } else {
-      launch(ctx, kLayer ? "layer_norm" : "rms_norm", norm_scalar_kernel<W, kLayer>, dim3(rows), dim3(kNormThreads),
-             0, out.as<bf16>(), x.as<bf16>(), w, b, dim, eps);
+      launch(ctx, kLayer ? "layer_norm" : "rms_norm", norm_scalar_kernel<W, kLayer>, dim3(rows), dim3(kNormThreads), 0,
+             out.as<bf16>(), x.as<bf16>(), w, b, dim, eps);
     }
   };
   if (weight.dtype == DType::kBF16) {
@@ -165,8 +165,8 @@ void launch_rms_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, cons
   run_norm<false>(ctx, out, x, weight, Tensor(), eps);
 }
 
-void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight,
-                       const Tensor& bias, float eps) {
+void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       float eps) {
   run_norm<true>(ctx, out, x, weight, bias, eps);
 }
 

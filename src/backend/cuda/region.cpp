@@ -73,7 +73,11 @@ class VmmRegion final : public DeviceRegion {
  public:
   VmmRegion(int device, CUdeviceptr base, size_t reserved, size_t granularity, std::string tag,
             std::shared_ptr<AllocationStats> stats)
-      : device_(device), base_(base), reserved_(reserved), granularity_(granularity), tag_(std::move(tag)),
+      : device_(device),
+        base_(base),
+        reserved_(reserved),
+        granularity_(granularity),
+        tag_(std::move(tag)),
         stats_(std::move(stats)) {}
 
   ~VmmRegion() override {
@@ -93,8 +97,8 @@ class VmmRegion final : public DeviceRegion {
   Status grow_to(size_t bytes) override {
     if (bytes <= committed_) return Status::ok();
     if (bytes > reserved_)
-      return out_of_range(tag_ + ": grow to " + std::to_string(bytes) + " bytes past the " +
-                          std::to_string(reserved_) + " reserved");
+      return out_of_range(tag_ + ": grow to " + std::to_string(bytes) + " bytes past the " + std::to_string(reserved_) +
+                          " reserved");
     const size_t target = std::min(reserved_, (bytes + granularity_ - 1) / granularity_ * granularity_);
     const size_t size = target - committed_;
     const Driver& d = driver();

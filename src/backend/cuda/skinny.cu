@@ -26,7 +26,9 @@ constexpr int kWarps = 8;
 constexpr int kRows = 16;
 constexpr int kChunk = 128;
 
-__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 load16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
 // Weights are read once: keep them out of L1.
 __device__ __forceinline__ uint4 load16_stream(const void* p) {
   uint4 v;
@@ -37,8 +39,8 @@ __device__ __forceinline__ uint4 load16_stream(const void* p) {
 }
 
 struct SkinnyParams {
-  const void* w;         // [N, K] bf16 or fp8
-  const float* scale;    // fp8: [*, scale_cols] dequantisation multipliers
+  const void* w;       // [N, K] bf16 or fp8
+  const float* scale;  // fp8: [*, scale_cols] dequantisation multipliers
   int scale_cols;
   int rows_per_scale;    // 128 (block scales) or 1 (one scale row per weight row)
   const bf16* x;         // [n, K]
@@ -123,8 +125,8 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
   }
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -146,7 +148,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
 
 template <bool kFp8>
 struct Chunk {
-  static constexpr int kElems = kFp8 ? 16 : 8;        // elements per 16-byte load
+  static constexpr int kElems = kFp8 ? 16 : 8;          // elements per 16-byte load
   static constexpr int kSteps = kChunk / (4 * kElems);  // loads per row per chunk (4 lanes per row)
 };
 
@@ -305,11 +307,20 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   }
   constexpr int kN = SkinnyPrologue::kNone;
   switch (nt) {
-    case 1: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 1, kN>, grid, block, 0, p); break;
-    case 2: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 2, kN>, grid, block, 0, p); break;
-    case 3: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 3, kN>, grid, block, 0, p); break;
-    case 4: launch(ctx, "skinny_linear", skinny_kernel<kFp8, 4, kN>, grid, block, 0, p); break;
-    default: QVL_CHECK(false) << "skinny_linear: " << p.n << " rows (at most " << kSkinnyMaxRows << ")";
+    case 1:
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 1, kN>, grid, block, 0, p);
+      break;
+    case 2:
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 2, kN>, grid, block, 0, p);
+      break;
+    case 3:
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 3, kN>, grid, block, 0, p);
+      break;
+    case 4:
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 4, kN>, grid, block, 0, p);
+      break;
+    default:
+      QVL_CHECK(false) << "skinny_linear: " << p.n << " rows (at most " << kSkinnyMaxRows << ")";
   }
 }
 
