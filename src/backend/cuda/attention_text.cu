@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
   const int32_t page = slot >= 0 ? slot / p.cache.page_size : 0;
   const int off = slot >= 0 ? slot % p.cache.page_size : 0;
   float* b = buf[warp];
-  for (int hh = warp; hh < p.hq + 2 * p.hkv; hh += kPrepareWarps) {
+  // Block (token, y) takes heads y*8+warp, stepping over the whole grid row: one head per warp.
+  for (int hh = blockIdx.y * kPrepareWarps + warp; hh < p.hq + 2 * p.hkv; hh += kPrepareWarps * gridDim.y) {
     bf16* src = row + static_cast<int64_t>(hh) * p.hd;
     if (hh >= p.hq + p.hkv) {  // v: copy into the cache
       if (slot < 0) continue;
@@ -529,8 +530,9 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
                        shape.num_q_heads,
                        shape.num_kv_heads,
                        shape.head_dim};
-    launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens), dim3(kPrepareWarps * 32), 0, p,
-           rope);
+    const unsigned head_groups = ceil_div(shape.num_q_heads + 2 * shape.num_kv_heads, kPrepareWarps);
+    launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens, head_groups),
+           dim3(kPrepareWarps * 32), 0, p, rope);
   };
   if (q_norm.dtype == DType::kBF16)
     go(bf16{});
