@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <ctime>
@@ -179,6 +180,13 @@ ApiServer::ApiServer(ServerOptions options)
   http_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   http_->set_keep_alive_timeout(options_.keep_alive_timeout_s);
   http_->set_tcp_nodelay(true);  // SSE chunks are small and latency-bound
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half the connections. Only SO_REUSEADDR: a restart can rebind at once, a
+  // second instance fails to bind.
+  http_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   install_routes();
 }
 
@@ -203,7 +211,14 @@ Status ApiServer::bind() {
 void ApiServer::start() {
   QVL_CHECK_GT(bound_port_, 0) << "bind() must succeed before start()";
   QVL_CHECK(!listener_.joinable()) << "start() called twice";
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  listener_done_ = false;
+  listener_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_done_ = true;
+  });
+  // httplib's stop() does nothing until the listener has marked itself running, so a stop()
+  // right after start() would leave it blocked in accept() forever: wait for that mark.
+  while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void ApiServer::set_model(ModelSession session) {

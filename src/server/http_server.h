@@ -17,6 +17,7 @@
 // joined at stop(); the count never grows with load.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -91,6 +92,7 @@ class ApiServer {
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<State> state_;
   std::thread listener_;
+  std::atomic<bool> listener_done_{false};
   int bound_port_ = -1;
 };
 

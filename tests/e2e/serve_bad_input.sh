@@ -13,3 +13,21 @@ serve_start "$SCRATCH/serve.log" tiny --threads 1 --api-key "$key" --max-images-
   --max-image-input-pixels 100000 --allowed-media-dir "$SCRATCH/media" --max-body-bytes 1048576 --context 512
 node "$here/serve_bad_input.mjs" "$QVL_URL" "$key" "$SCRATCH"
 serve_stop
+
+# Startup errors: a clear message and a non-zero exit, never a server that hangs or shares a port.
+startup_fails() {  # EXPECTED_MESSAGE ARGS...
+  local expected=$1 out
+  shift
+  if out=$(timeout 60 "$QVL" serve "$@" 2>&1); then
+    echo "not ok - qvl serve $* exited 0" >&2
+    exit 1
+  fi
+  grep -qF -- "$expected" <<<"$out" || { echo "not ok - qvl serve $*: no '$expected' in: $out" >&2; exit 1; }
+  echo "ok - qvl serve $* fails: $expected"
+}
+startup_fails "model '$SCRATCH/no-such-model' not found" "$SCRATCH/no-such-model" --port 0
+startup_fails "--allowed-media-dir '$SCRATCH/nope' is not a directory" tiny --allowed-media-dir "$SCRATCH/nope"
+serve_start "$SCRATCH/serve2.log" tiny --threads 1  # a second server on its port must fail
+port=${QVL_URL##*:}
+startup_fails "cannot listen on 127.0.0.1:$port (address in use or not available)" tiny --port "$port"
+serve_stop

@@ -102,6 +102,19 @@ TEST(ApiServer, HealthIs503UntilTheModelLoads) {
   EXPECT_EQ(json::parse(r->body)["status"], "ok");
 }
 
+TEST(ApiServer, ASecondServerCannotTakeTheSamePort) {
+  Harness h;
+  ServerOptions opt;
+  opt.host = "127.0.0.1";
+  opt.port = h.server->port();
+  ApiServer second(opt);
+  Status s = second.bind();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(),
+            "cannot listen on 127.0.0.1:" + std::to_string(opt.port) + " (address in use or not available)");
+}
+
 TEST(ApiServer, ModelsList) {
   Harness h;
   auto r = h.client->Get("/v1/models");

@@ -38,6 +38,7 @@ serve_kill() {
 serve_start() {
   SERVE_LOG=$1
   shift
+  : >"$SERVE_LOG"  # exists before the first read below, however late the child starts
   "$QVL" serve "$@" --port 0 2>"$SERVE_LOG" &
   SERVE_PID=$!
   local port="" i
