@@ -299,17 +299,19 @@ const char* role_name(Role role) {
 
 ApiResult<ChatRequest> parse_chat_request(const std::string& body, const ChatRequestLimits& limits,
                                           const SamplingParams& defaults) {
-  json root = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    // Re-parse with exceptions for the position and reason of the first error.
-    std::string why = "syntax error";
-    try {
-      json again = json::parse(body);
-      (void)again;
-    } catch (const json::parse_error& e) {
-      why = e.what();
-      auto pos = why.find("parse error at ");
-      if (pos != std::string::npos) why = why.substr(pos);
+  json root;
+  try {
+    root = json::parse(body);
+  } catch (const json::exception& e) {
+    // parse_error names the position; out_of_range (a number too large for a double) is thrown
+    // even by the non-throwing overload, so both are caught here.
+    std::string why = e.what();
+    for (const char* marker : {"parse error at ", "number overflow"}) {
+      auto pos = why.find(marker);
+      if (pos != std::string::npos) {
+        why = why.substr(pos);
+        break;
+      }
     }
     return bad_request("request body is not valid JSON: " + why);
   }

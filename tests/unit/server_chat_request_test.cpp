@@ -193,6 +193,14 @@ TEST(ChatRequest, InvalidJsonNamesThePosition) {
       << r.error().message;
 }
 
+TEST(ChatRequest, NumberOverflowIsA400NotAnException) {
+  // Found by the fuzzer: nlohmann throws out_of_range for 1e999 even when asked not to throw.
+  auto r = parse(R"({"messages":[{"role":"user","content":"x"}],"temperature":1e999})");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.error().http_status, 400);
+  EXPECT_EQ(r.error().message, "request body is not valid JSON: number overflow parsing '1e999'");
+}
+
 TEST(ApiErrorJson, HasOpenAIShape) {
   ApiError e = bad_request("temperature must be in [0, 2], got 3", "temperature");
   auto j = nlohmann::json::parse(e.to_json());
