@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,7 @@ class InFlightSlot {
 // Per-request latency bookkeeping for the TTFT and inter-token histograms.
 struct TokenClock {
   Clock::time_point arrival;
+  Clock::time_point first;
   Clock::time_point last;
   bool first_seen = false;
 
@@ -95,6 +97,7 @@ struct TokenClock {
     if (!first_seen) {
       // Tokens that come with the first one have no measurable interval; only TTFT counts.
       metrics->observe_ttft(std::chrono::duration<double>(now - arrival).count());
+      first = now;
       first_seen = true;
     } else {
       // Tokens that arrive together share the interval evenly.
@@ -105,9 +108,18 @@ struct TokenClock {
   }
 };
 
-void record_finish(Metrics* metrics, const GenerationEvent& ev, const TokenClock& clock, const char* reason) {
+// Counts a finished request and writes its access-log line.
+void record_finish(Metrics* metrics, const std::string& id, const GenerationEvent& ev, const TokenClock& clock,
+                   const char* reason) {
+  const double total = seconds_since(clock.arrival);
   metrics->count_finished(reason, ev.usage.prompt_tokens, ev.usage.completion_tokens);
-  metrics->observe_e2e(seconds_since(clock.arrival));
+  metrics->observe_e2e(total);
+  char line[160];
+  std::snprintf(line, sizeof line, ": %s, %d prompt + %d completion tokens, %.0f ms to the first token, %.0f ms in all",
+                reason, ev.usage.prompt_tokens, ev.usage.completion_tokens,
+                clock.first_seen ? std::chrono::duration<double, std::milli>(clock.first - clock.arrival).count() : 0.0,
+                total * 1000);
+  log_info(id + line);
 }
 
 // The answer to a request that the engine ended without a normal finish.
@@ -147,12 +159,13 @@ struct StreamJob {
       if (ev->kind != GenerationEvent::Kind::kFinished) continue;
       const char* reason = openai_finish_reason(ev->finish_reason);
       if (*reason) {
-        record_finish(metrics, *ev, clock, reason);
+        record_finish(metrics, meta.id, *ev, clock, reason);
         bool ok = write(sse_finish_chunk(meta, ev->finish_reason));
         if (ok && meta.include_usage) ok = write(sse_usage_chunk(meta, ev->usage));
         return ok && write(kSseDone);
       }
-      record_finish(metrics, *ev, clock, ev->finish_reason == FinishReason::kCancelled ? "cancelled" : "error");
+      record_finish(metrics, meta.id, *ev, clock,
+                    ev->finish_reason == FinishReason::kCancelled ? "cancelled" : "error");
       ApiError e = error_for_abnormal_finish(*ev);
       log_warn("request " + meta.id + " ended in the stream: " + e.message);
       return write(sse_error_event(e.to_json())) && write(kSseDone);
@@ -160,7 +173,7 @@ struct StreamJob {
   }
 
   bool cancel(const char* why) {
-    log_debug("request " + meta.id + ": " + why + "; cancelling");
+    log_info(meta.id + ": cancelled, " + why);
     stream->cancel();
     metrics->count_finished("cancelled", 0, 0);
     return false;
@@ -340,7 +353,7 @@ void ApiServer::install_routes() {
   http_->Get("/metrics", [state, metrics](const httplib::Request&, httplib::Response& res) {
     std::optional<EngineStats> stats;
     if (auto m = state->model()) stats = m->engine->stats();
-    res.set_content(metrics->render(stats), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics->render(stats, state->in_flight.load()), "text/plain; version=0.0.4; charset=utf-8");
   });
 
   auto model_json = [state, &opt]() {
@@ -502,7 +515,7 @@ void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res)
     // Checked on every event too: a busy engine may never let next() time out. poll() with a
     // zero timeout costs about a microsecond.
     if (probe.peer_closed()) {
-      log_debug("request " + meta.id + ": client disconnected; cancelling");
+      log_info(meta.id + ": cancelled, client disconnected");
       stream->cancel();
       metrics_->count_finished("cancelled", 0, 0);
       res.status = 499;  // nginx's "client closed request"; nobody reads it
@@ -515,10 +528,11 @@ void ApiServer::handle_chat(const httplib::Request& req, httplib::Response& res)
     if (ev->kind != GenerationEvent::Kind::kFinished) continue;
     const char* reason = openai_finish_reason(ev->finish_reason);
     if (!*reason) {
-      record_finish(metrics_.get(), *ev, clock, ev->finish_reason == FinishReason::kCancelled ? "cancelled" : "error");
+      record_finish(metrics_.get(), meta.id, *ev, clock,
+                    ev->finish_reason == FinishReason::kCancelled ? "cancelled" : "error");
       return send_error(res, error_for_abnormal_finish(*ev));
     }
-    record_finish(metrics_.get(), *ev, clock, reason);
+    record_finish(metrics_.get(), meta.id, *ev, clock, reason);
     res.set_content(completion_json(meta, text, ev->finish_reason, ev->usage, prompt.prompt_ids, token_ids),
                     "application/json");
     return;

@@ -110,7 +110,9 @@ Result<std::string> load_file_url(const std::string& url, const MediaPolicy& pol
   if (real.rfind(root, 0) != 0)
     return invalid_argument("image file '" + path + "' is outside the allowed media directory (--allowed-media-dir)");
 
-  int fd = ::open(real.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NOFOLLOW: the checked path held no symlink; should its last component be swapped for one
+  // after the check, the open fails instead of following it out of the directory.
+  int fd = ::open(real.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return not_found("image file '" + path + "' cannot be opened");
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

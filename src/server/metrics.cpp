@@ -78,7 +78,7 @@ void Metrics::count_finished(const std::string& finish_reason, int prompt_tokens
   finished_[finish_reason] += 1;
 }
 
-std::string Metrics::render(const std::optional<EngineStats>& engine) const {
+std::string Metrics::render(const std::optional<EngineStats>& engine, int in_flight) const {
   std::string out;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,6 +107,8 @@ std::string Metrics::render(const std::optional<EngineStats>& engine) const {
     out += std::string(name) + " " + std::to_string(v) + "\n";
   };
   gauge("qvl_model_loaded", "1 once the model is loaded and requests are served.", engine ? 1 : 0);
+  gauge("qvl_requests_in_flight", "Chat requests the server is handling (validating, queued, running, streaming).",
+        in_flight);
   gauge("qvl_num_requests_waiting", "Requests queued in the engine, not yet running.", s.queued);
   gauge("qvl_num_requests_running", "Sequences in the engine's running batch.", s.running);
   gauge("qvl_kv_pages_used", "KV cache pages held by sequences.", s.kv_pages_used);

@@ -11,8 +11,8 @@
 //   time_to_first_token_seconds              histogram, request arrival -> first token
 //   inter_token_latency_seconds              histogram, between consecutive generated tokens
 //   e2e_request_latency_seconds              histogram, request arrival -> last token
-//   num_requests_waiting, num_requests_running, kv_pages_used, kv_pages_free, kv_page_tokens,
-//   model_loaded                             gauges
+//   requests_in_flight, num_requests_waiting, num_requests_running, kv_pages_used,
+//   kv_pages_free, kv_page_tokens, model_loaded      gauges
 #pragma once
 
 #include <atomic>
@@ -55,8 +55,9 @@ class Metrics {
   void observe_e2e(double seconds) { e2e_.observe(seconds); }
   void count_finished(const std::string& finish_reason, int prompt_tokens, int completion_tokens);
 
-  // The exposition text. `engine` is empty while the model loads.
-  std::string render(const std::optional<EngineStats>& engine) const;
+  // The exposition text. `engine` is empty while the model loads; `in_flight` is the server's
+  // count of chat requests being handled (validating, queued, running or streaming).
+  std::string render(const std::optional<EngineStats>& engine, int in_flight = 0) const;
 
  private:
   mutable std::mutex mu_;

@@ -187,6 +187,7 @@ await step('/metrics counts exactly what this script did', async () => {
   check(m.qvl_inter_token_latency_seconds_count <= ledger.completionTokens - ledger.ok + 1e-9, 'ITL count');
   check(m.qvl_inter_token_latency_seconds_count > 0, 'ITL observed');
   eq(m.qvl_model_loaded, 1, 'model_loaded');
+  eq(m.qvl_requests_in_flight, 0, 'nothing in flight');
   eq(m.qvl_num_requests_running, 0, 'nothing running');
   eq(m.qvl_num_requests_waiting, 0, 'nothing waiting');
   eq(m.qvl_kv_pages_used, 0, 'no KV pages held');

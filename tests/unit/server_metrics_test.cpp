@@ -43,7 +43,7 @@ TEST(Metrics, RendersCountersAndEngineGauges) {
   s.kv_pages_used = 40;
   s.kv_pages_free = 60;
   s.kv_page_tokens = 16;
-  std::string out = m.render(s);
+  std::string out = m.render(s, 5);
   EXPECT_TRUE(has_line(out, "qvl_http_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2")) << out;
   EXPECT_TRUE(has_line(out, "qvl_http_requests_total{endpoint=\"chat_completions\",status=\"400\"} 1")) << out;
   EXPECT_TRUE(has_line(out, "qvl_request_finished_total{finish_reason=\"stop\"} 1")) << out;
@@ -55,6 +55,7 @@ TEST(Metrics, RendersCountersAndEngineGauges) {
   EXPECT_TRUE(has_line(out, "qvl_kv_pages_used 40")) << out;
   EXPECT_TRUE(has_line(out, "qvl_kv_pages_free 60")) << out;
   EXPECT_TRUE(has_line(out, "qvl_model_loaded 1")) << out;
+  EXPECT_TRUE(has_line(out, "qvl_requests_in_flight 5")) << out;
   EXPECT_TRUE(has_line(m.render(std::nullopt), "qvl_model_loaded 0"));
   // Every series has its TYPE line, and every line is a comment or "name{labels} value".
   std::set<std::string> typed;
