@@ -1,6 +1,6 @@
 // Load on loopback against a real `qvl serve --model tiny`: 16 concurrent clients x 200 requests,
-// a mix of non-streamed, streamed and streamed-then-abandoned requests (the client disconnects
-// after the first content chunk), some with an image. Passes when there is no 5xx and no
+// a mix of non-streamed, streamed and abandoned requests (the client disconnects after the first
+// content chunk of a stream, or 15 ms into a non-streamed request), some with an image. Passes when there is no 5xx and no
 // transport error, every completed response is well-formed, the server ends idle (nothing
 // running or queued, no KV pages held), its resident memory after the run is within 10% of
 // what it was after a warm-up of the same mix, and its thread count is unchanged.
@@ -14,7 +14,7 @@ const PER_CLIENT = Number(perClientArg || 200);
 const WARMUP_PER_CLIENT = 12;
 const image = dataUri(png(48, 40, 5));
 
-const stats = { done: 0, streamed: 0, abandoned: 0, errors: [] };
+const stats = { done: 0, streamed: 0, abandoned: 0, hungUp: 0, errors: [] };
 
 function request(c, i) {
   const kind = (c * 7 + i) % 8;
@@ -24,7 +24,10 @@ function request(c, i) {
   const params = { model: 'tiny', messages: [{ role: 'user', content }], max_tokens: 1 + ((c + i) % 6), seed: i };
   if (kind < 4) return { kind: 'plain', params };
   if (kind < 7) return { kind: 'stream', params: { ...params, stream: true, stream_options: { include_usage: true } } };
-  return { kind: 'abandon', params: { ...params, stream: true, max_tokens: 64, ignore_eos: true } };
+  // Abandoned: a stream dropped after its first content chunk, or (every other time) a
+  // non-streamed request dropped while it generates.
+  const long = { ...params, max_tokens: 64, ignore_eos: true };
+  return Math.floor(i / 8) % 2 ? { kind: 'abandon', params: { ...long, stream: true } } : { kind: 'hangup', params: long };
 }
 
 function checkUsage(u, maxTokens, what) {
@@ -54,6 +57,16 @@ async function one(openai, c, i) {
       eq(chunks[chunks.length - 1].choices, [], `${what}: usage chunk`);
       checkUsage(chunks[chunks.length - 1].usage, params.max_tokens, what);
       stats.streamed++;
+    } else if (kind === 'hangup') {
+      const ac = new AbortController();
+      setTimeout(() => ac.abort(), 15);
+      try {
+        await openai.chat.completions.create(params, { signal: ac.signal });
+      } catch (e) {
+        if (!(e.constructor?.name || '').includes('Abort') && e.name !== 'AbortError') throw e;
+      }
+      stats.abandoned++;
+      stats.hungUp++;
     } else {
       const ac = new AbortController();
       const stream = await openai.chat.completions.create(params, { signal: ac.signal });
@@ -103,14 +116,15 @@ const warm = procStatus(pid);
 const before = await metrics(url);
 console.log(`# after warm-up: VmRSS ${warm.rssKb} kB, ${warm.threads} threads`);
 
-stats.done = stats.streamed = stats.abandoned = 0;
+stats.done = stats.streamed = stats.abandoned = stats.hungUp = 0;
 stats.errors = [];
 await run(PER_CLIENT, 'load');
 
 await step(`every request completed without a 5xx or a transport error (${CLIENTS * PER_CLIENT} requests)`, async () => {
   check(stats.errors.length === 0, `${stats.errors.length} failures, first ones:\n  ${stats.errors.slice(0, 10).join('\n  ')}`);
   eq(stats.done, CLIENTS * PER_CLIENT, 'completed');
-  check(stats.streamed > 0 && stats.abandoned > 0, 'the mix had streamed and abandoned requests');
+  check(stats.streamed > 0 && stats.hungUp > 0 && stats.abandoned > stats.hungUp,
+    'the mix had streamed, abandoned streamed and abandoned non-streamed requests');
 });
 
 let after;
@@ -127,7 +141,8 @@ await step('no 5xx in the server\'s own counters during the run; abandoned strea
   const key = 'qvl_request_finished_total{finish_reason="cancelled"}';
   const cancelled = (after[key] || 0) - (before[key] || 0);
   check(cancelled >= 1 && cancelled <= stats.abandoned, `cancelled ${cancelled} of ${stats.abandoned} abandoned`);
-  console.log(`# ${cancelled} of ${stats.abandoned} abandoned streams were cancelled mid-generation`);
+  console.log(`# ${cancelled} of ${stats.abandoned} abandoned requests (${stats.hungUp} not streamed) were cancelled ` +
+    'mid-generation');
 });
 
 await step('resident memory within 10% of after warm-up; thread count unchanged', async () => {
