@@ -7,18 +7,42 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 namespace qvl::test {
 
 std::string fixture_path(const std::string& rel) { return std::string(QVL_TEST_FIXTURES) + "/" + rel; }
 
+namespace {
+// Every scratch directory this test process made; removed when the process exits, so repeated
+// runs do not fill the disk (generated checkpoints are tens of MB each). Set QVL_KEEP_TEST_TMP=1
+// to keep them for debugging.
+struct ScratchRegistry {
+  std::mutex mutex;
+  std::vector<std::string> dirs;
+  ~ScratchRegistry() {
+    const char* keep = std::getenv("QVL_KEEP_TEST_TMP");
+    if (keep && *keep && std::string(keep) != "0") return;
+    std::error_code ec;
+    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+ScratchRegistry& scratch_registry() {
+  static ScratchRegistry registry;
+  return registry;
+}
+}  // namespace
+
 std::string scratch_dir(const std::string& name) {
   static std::atomic<int> counter{0};
+  ScratchRegistry& registry = scratch_registry();
   std::string dir = std::string(QVL_TEST_TMP) + "/" + name + "." + std::to_string(::getpid()) + "." +
                     std::to_string(counter++);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.dirs.push_back(dir);
   return dir;
 }
 
