@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -66,8 +67,8 @@ struct TextAttentionShape {
 
 // M-RoPE parameters: inv_freq[j] = 1 / theta^(2j/head_dim), and axis(j) in {0:T, 1:H, 2:W}.
 struct MropeSpec {
-  std::vector<float> inv_freq;   // head_dim / 2 entries
-  std::vector<uint8_t> axis;     // head_dim / 2 entries
+  std::vector<float> inv_freq;  // head_dim / 2 entries
+  std::vector<uint8_t> axis;    // head_dim / 2 entries
 };
 
 // The paged KV cache: one region of `num_pages` pages; a page holds `page_size` tokens of
@@ -81,9 +82,7 @@ struct KvCacheView {
   int num_kv_heads = 0;
   int head_dim = 0;
 
-  size_t token_bytes_per_layer() const {
-    return static_cast<size_t>(num_kv_heads) * head_dim * dtype_size(dtype);
-  }
+  size_t token_bytes_per_layer() const { return static_cast<size_t>(num_kv_heads) * head_dim * dtype_size(dtype); }
   size_t layer_bytes() const { return 2 * token_bytes_per_layer() * page_size; }  // K and V
   size_t page_bytes() const { return layer_bytes() * num_layers; }
 };
@@ -93,19 +92,19 @@ struct KvCacheView {
 // their addresses stay fixed across steps of one bucket.
 struct TextBatch {
   int num_seqs = 0;
-  int num_tokens = 0;          // rows of this step, all sequences together
-  int max_pages_per_seq = 0;   // columns of page_table
-  int max_context = 0;         // host-side bound on context_len, for work partitioning
-  Tensor query_start;          // I32 [num_seqs + 1]: rows of sequence s are [qs[s], qs[s+1])
-  Tensor context_len;          // I32 [num_seqs]: tokens in the cache after this step's writes
-  Tensor page_table;           // I32 [num_seqs, max_pages_per_seq]
-  Tensor slots;                // I32 [num_tokens]: page * page_size + offset for each new token
-  Tensor positions;            // I32 [num_tokens, 3]: M-RoPE (T, H, W) positions
+  int num_tokens = 0;         // rows of this step, all sequences together
+  int max_pages_per_seq = 0;  // columns of page_table
+  int max_context = 0;        // host-side bound on context_len, for work partitioning
+  Tensor query_start;         // I32 [num_seqs + 1]: rows of sequence s are [qs[s], qs[s+1])
+  Tensor context_len;         // I32 [num_seqs]: tokens in the cache after this step's writes
+  Tensor page_table;          // I32 [num_seqs, max_pages_per_seq]
+  Tensor slots;               // I32 [num_tokens]: page * page_size + offset for each new token
+  Tensor positions;           // I32 [num_tokens, 3]: M-RoPE (T, H, W) positions
 };
 
 // Non-causal attention over independent segments (one per image / temporal slice).
 struct VisionSegments {
-  Tensor cu_seqlens;  // I32 [num_segments + 1] on device
+  Tensor cu_seqlens;                     // I32 [num_segments + 1] on device
   std::vector<int32_t> host_cu_seqlens;  // same values, for work partitioning
   int max_seqlen = 0;
 };
@@ -139,6 +138,39 @@ class DeviceRegion {
   // past reserved_bytes(). Never shrinks; a smaller `bytes` is a no-op.
   virtual Status grow_to(size_t bytes) = 0;
 };
+
+// Device memory the caller owns, handed out front to back (kAlignment-aligned) to the weights a
+// backend loads while it is set (Backend::set_weight_placement): how layer offload lays one
+// decoder layer out in a staging buffer exactly as the backend would hold it.
+class WeightPlacement {
+ public:
+  static constexpr size_t kAlignment = 256;
+
+  WeightPlacement(void* base, size_t capacity) : base_(static_cast<char*>(base)), capacity_(capacity) {}
+
+  // The next `bytes`, or null when they do not fit (then `wanted()` says how much would have).
+  void* take(size_t bytes) {
+    const size_t start = (wanted_ + kAlignment - 1) / kAlignment * kAlignment;
+    wanted_ = start + bytes;
+    if (wanted_ > capacity_) return nullptr;
+    used_ = wanted_;
+    return base_ + start;
+  }
+  void* base() const { return base_; }
+  size_t capacity() const { return capacity_; }
+  size_t used() const { return used_; }      // bytes handed out (end of the last piece that fit)
+  size_t wanted() const { return wanted_; }  // bytes asked for, fitting or not
+
+ private:
+  char* base_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
+  size_t wanted_ = 0;
+};
+
+// Prefetch slots: an offloaded layer streams into one of this many staging buffers while the
+// layer before it computes out of the other (memory/offload.h).
+inline constexpr int kPrefetchSlots = 2;
 
 class Backend {
  public:
@@ -185,15 +217,15 @@ class Backend {
   virtual void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) = 0;
   // Vision: softmax(q·kᵀ·scale)·v inside each segment (non-causal), from packed qkv.
   // out [N, nh·dh]
-  virtual void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads,
-                                int head_dim, float scale) = 0;
+  virtual void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
+                                float scale) = 0;
 
   // Text: for packed qkv [n, (Hq + 2·Hkv)·dh]: RMSNorm each q and k head (q_norm, k_norm
   // [dh]), apply interleaved M-RoPE at batch.positions, store k and v into the cache at
   // batch.slots. q is left normalised and rotated in place.
   virtual void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
-                                const MropeSpec& rope, const TextBatch& batch, const KvCacheView& cache,
-                                int layer, const TextAttentionShape& shape) = 0;
+                                const MropeSpec& rope, const TextBatch& batch, const KvCacheView& cache, int layer,
+                                const TextAttentionShape& shape) = 0;
   // Text: causal attention of each new row over its sequence's cached tokens
   // (row at absolute position p sees cache tokens [0, p]). out [n, Hq·dh].
   virtual void text_attention(Tensor out, const Tensor& qkv, const TextBatch& batch, const KvCacheView& cache,
@@ -217,6 +249,24 @@ class Backend {
   virtual void run_graph(const std::string& key, const std::function<void()>& record) { record(); }
   // Forgets every recording (before freeing memory that a recording uses).
   virtual void clear_graphs() {}
+
+  // ---- layer offload (memory/offload.h) ----
+  // Whether the four calls below work (the defaults fail).
+  virtual bool can_stream_weights() const { return false; }
+  // Host memory this backend can copy from asynchronously (CUDA: pinned, cudaHostAlloc); the
+  // DeviceBuffer holds a host address. A resource-exhausted Status naming the size when it fails.
+  virtual Result<DeviceBuffer> allocate_host(size_t bytes, const std::string& tag);
+  // While `placement` is set, load_tensor and load_linear put every byte they keep in it (in call
+  // order) instead of allocating, copying even where they would otherwise keep a view of the host
+  // tensor; a resource-exhausted Status from them when it is full. nullptr: allocate again.
+  virtual void set_weight_placement(WeightPlacement* placement);
+  // Copies `bytes` from `host_src` (from allocate_host) to device memory `dst` on a second
+  // stream, overlapping the ops that follow: the copy starts once every op issued before this
+  // call has finished (so it may overwrite what they read), and ops issued after
+  // wait_prefetch(slot) see the data. slot < kPrefetchSlots; one copy in flight per slot.
+  // Both may be recorded by run_graph (the copy becomes part of the recording).
+  virtual void prefetch(int slot, void* dst, const void* host_src, size_t bytes);
+  virtual void wait_prefetch(int slot);
 };
 
 namespace detail {
@@ -243,6 +293,19 @@ inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_
   Result<DeviceBuffer> buffer = allocate(max_bytes, tag);
   if (!buffer.is_ok()) return buffer.status();
   return std::unique_ptr<DeviceRegion>(new detail::WholeRegion(std::move(buffer).value()));
+}
+
+inline Result<DeviceBuffer> Backend::allocate_host(size_t bytes, const std::string& tag) {
+  return unimplemented(tag + ": the " + name() + " backend cannot stream weights from host memory");
+}
+inline void Backend::set_weight_placement(WeightPlacement*) {
+  QVL_CHECK(false) << name() << ": set_weight_placement on a backend that cannot stream weights";
+}
+inline void Backend::prefetch(int, void*, const void*, size_t) {
+  QVL_CHECK(false) << name() << ": prefetch on a backend that cannot stream weights";
+}
+inline void Backend::wait_prefetch(int) {
+  QVL_CHECK(false) << name() << ": wait_prefetch on a backend that cannot stream weights";
 }
 
 // Makes the CPU backend (always available).

@@ -65,6 +65,7 @@ int run(RunArgs& a) {
   RUN_ASSIGN_OR_FAIL(BackendChoice bc, make_backend(a.engine));
   RUN_ASSIGN_OR_FAIL(LoadOptions lo, make_load_options(a.engine, dir, bc.device, 1, 1));
   RUN_ASSIGN_OR_FAIL(LoadedModel model, load_model(bc.backend, lo));
+  if (const std::string fit = auto_fit_report(model); !fit.empty()) std::fputs(fit.c_str(), stderr);
 
   SamplingParams sampling = sampling_from(a, model.config.generation);
   sampling.max_tokens = a.o_max_tokens->count() ? a.max_tokens : 256;

@@ -136,6 +136,8 @@ class Loader {
     // all, so that "refused at submit" only ever means "can never fit".
     lo.max_queued = std::max(lo.max_queued, args_.server.max_concurrency);
     QVL_ASSIGN_OR_RETURN(LoadedModel m, load_model(backend.backend, lo));
+    if (const std::string fit = auto_fit_report(m); !fit.empty())
+      log_info("qvl serve: " + fit.substr(0, fit.size() - 1));
 
     image::DecodeLimits limits;
     limits.max_file_bytes = args_.server.media.max_image_bytes;

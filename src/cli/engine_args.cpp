@@ -22,6 +22,17 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
   app.add_option("--prefill-chunk", a->prefill_chunk, "Rows per decoder step, prefill and decode rows together (2048)");
   app.add_option("--kv-dtype", a->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  app.add_option("--offload-layers", a->offload_layers,
+                 "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
+  app.add_flag("--auto-fit", a->auto_fit,
+               "When the model does not fit the budget, apply the cheapest changes that fit (printed)");
+}
+
+std::string auto_fit_report(const LoadedModel& m) {
+  std::string out;
+  for (const Suggestion& s : m.auto_fit_applied)
+    out += "auto-fit: " + s.flag + " (saves " + format_mib(s.saves_bytes) + " MiB: " + s.description + ")\n";
+  return out;
 }
 
 Result<BackendChoice> make_backend(const EngineArgs& args) {
@@ -70,6 +81,10 @@ Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string&
     return invalid_argument("--prefill-chunk " + std::to_string(args.prefill_chunk) + " must be >= 1");
   rt.prefill_chunk = args.prefill_chunk;
   rt.kv_dtype = args.kv_dtype == "fp8" ? DType::kF8E4M3 : DType::kBF16;
+  if (args.offload_layers < 0)
+    return invalid_argument("--offload-layers " + std::to_string(args.offload_layers) + " must be >= 0");
+  rt.offload_layers = args.offload_layers;
+  o.auto_fit = args.auto_fit;
   if (!args.gpu_memory.empty() && !device.present)
     return invalid_argument("--gpu-memory " + args.gpu_memory + " applies to the CUDA backend; this run uses the CPU");
   if (!args.gpu_memory.empty()) {

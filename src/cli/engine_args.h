@@ -26,6 +26,8 @@ struct EngineArgs {
   int64_t max_image_tokens = 0;   // 0 = only the pixel cap
   int64_t prefill_chunk = 2048;   // rows per decoder step
   std::string kv_dtype = "bf16";  // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
+  int offload_layers = 0;         // decoder layers kept in host memory (memory/offload.h)
+  bool auto_fit = false;          // apply memory/planner.h auto_fit() when the plan does not fit
 };
 
 // Adds the flags to `app`.
@@ -39,6 +41,9 @@ struct BackendChoice {
 // Makes the backend the flags ask for; `auto` takes CUDA when this binary has it and a device
 // answers, else the CPU. Errors name the flag ("--backend cuda: this qvl was built without CUDA").
 Result<BackendChoice> make_backend(const EngineArgs& args);
+
+// What --auto-fit changed, one line each for people (empty when it changed nothing or was off).
+std::string auto_fit_report(const LoadedModel& model);
 
 // LoadOptions for `model_dir`: `concurrency` sequences that may each hold a full context, at most
 // `max_running` in one step (memory/planner.h RuntimeOptions).

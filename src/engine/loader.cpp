@@ -71,10 +71,22 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   // 1. The plan, before any weight is read.
   RuntimeOptions rt = options.runtime;
   rt.activation_dtype = backend->activation_dtype();
+  rt.can_offload = backend->can_stream_weights();
   if (rt.fp8_weights && !m.config.quant.fp8)
     return unimplemented("FP8 weights need an FP8 checkpoint (e.g. Qwen/Qwen3-VL-4B-Instruct-FP8); " +
                          options.model_dir + " is " + m.config.torch_dtype);
+  if (rt.offload_layers > 0 && !rt.can_offload)
+    return unimplemented("--offload-layers " + std::to_string(rt.offload_layers) + ": the " + backend->name() +
+                         " backend cannot stream weights from host memory");
   QVL_ASSIGN_OR_RETURN(m.plan, plan(m.config, rt, options.device));
+  if (options.auto_fit && m.plan.has_budget && !m.plan.fits) {
+    Result<AutoFit> fit = auto_fit(m.config, rt, options.device);
+    if (!fit.is_ok())
+      return resource_exhausted(explain_plan_shortfall(m.plan) + "\n--auto-fit: " + fit.status().message());
+    rt = fit->options;
+    m.plan = std::move(fit->plan);
+    m.auto_fit_applied = std::move(fit->applied);
+  }
   if (m.plan.has_budget && !m.plan.fits) return resource_exhausted(explain_plan_shortfall(m.plan));
   for (const auto& note : m.plan.notes) log_debug("plan: " + note);
 
@@ -83,7 +95,12 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   QVL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::load_dir(tok_dir));
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
-  QVL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(*backend, host));
+  QVL_ASSIGN_OR_RETURN(ModelWeights weights,
+                       load_weights_offloaded(*backend, m.config, host, rt.offload_layers, &m.offload));
+  if (m.offload.layers > 0)
+    log_info("offload: " + std::to_string(m.offload.layers) + " of " + std::to_string(m.config.text.num_hidden_layers) +
+             " decoder layers in host memory (" + mib(m.offload.host_bytes) + "), streamed through " +
+             mib(m.offload.staging_bytes) + " of device staging buffers");
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model,
                        Qwen3VLModel::create(*backend, m.config, std::move(weights)));
 

@@ -19,6 +19,7 @@
 #include "engine/factory.h"
 #include "engine/text_stream.h"
 #include "image/image.h"
+#include "memory/offload.h"
 #include "memory/planner.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
@@ -33,11 +34,17 @@ struct LoadOptions {
   int max_queued = 1024;
   int sampling_threads = 0;          // 0 = OpenMP's default (EngineOptions::sampling_threads)
   DType kv_dtype_cpu = DType::kF32;  // the CPU backend keeps the cache in fp32 (the oracle's numerics)
+  // When the plan does not fit the budget, load with auto_fit()'s options instead of refusing
+  // (LoadedModel::auto_fit_applied says what changed). Without a budget (CPU) there is nothing
+  // to fit and it does nothing.
+  bool auto_fit = false;
 };
 
 struct LoadedModel {
   ModelConfig config;
-  MemoryPlan plan;
+  MemoryPlan plan;                           // the plan loaded (after auto-fit)
+  std::vector<Suggestion> auto_fit_applied;  // what auto-fit changed, cheapest first
+  OffloadStats offload;                      // layers in host memory (memory/offload.h)
   std::shared_ptr<const Tokenizer> tokenizer;
   image::PreprocessOptions image_options;  // preprocessor_config.json + the plan's pixel cap
   int64_t context_length = 0;              // prompt + completion tokens per request

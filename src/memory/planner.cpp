@@ -220,7 +220,7 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
       o.offload_layers > 0 ? round_up(std::min<int64_t>(o.offload_layers, kOffloadStagingLayers) * layer, gran) : 0;
   p.weights_device = round_up(all_aligned - p.weights_offloaded, gran);
   if (o.offload_layers > 0 && !o.can_offload)
-    p.notes.push_back("this qvl cannot keep layers in host memory yet: --offload-layers is planned, not served");
+    p.notes.push_back("this backend cannot keep layers in host memory: --offload-layers is planned, not served");
   if (o.offload_layers > 0 && o.offload_layers <= kOffloadStagingLayers)
     p.notes.push_back("offloading " + std::to_string(o.offload_layers) +
                       " layer(s) saves nothing: they stream through " + std::to_string(kOffloadStagingLayers) +

@@ -54,7 +54,7 @@ struct RuntimeOptions {
   // What this qvl's loader can do (engine/loader): auto-fit applies only these, suggestions offer
   // offloading only when it exists. Flip them where the feature lands.
   bool can_quantize_fp8 = false;          // quantize a BF16 checkpoint's text Linears to FP8 at load
-  bool can_offload = false;               // keep decoder layers in pinned host memory (issue 8 item 5)
+  bool can_offload = true;                // keep decoder layers in pinned host memory (memory/offload.h)
   int64_t gpu_memory_bytes = 0;           // the budget; 0: the device's free memory minus reserve_bytes
   int64_t reserve_bytes = 256 * kMiB;     // left free for other programs when the budget is "free memory"
   int64_t margin_bytes = 128 * kMiB;      // held back inside the budget for what the plan cannot see

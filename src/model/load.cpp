@@ -8,7 +8,7 @@ namespace {
 
 class Loader {
  public:
-  Loader(Backend& backend, ModelWeights* out) : backend_(backend), out_(out) {}
+  Loader(Backend& backend, std::vector<std::shared_ptr<void>>* keep_alive) : backend_(backend), keep_(keep_alive) {}
 
   // Norm weights and LayerNorm biases: F32 on the device.
   Status f32(const Tensor& host, const std::string& what, Tensor* dst) { return load(host, DType::kF32, what, dst); }
@@ -53,26 +53,49 @@ class Loader {
     Tensor f = t;
     f.data = buf->data();
     f.dtype = DType::kF32;
-    out_->keep_alive.push_back(buf);  // the CPU backend may keep this view as is
+    keep_->push_back(buf);  // the CPU backend may keep this view as is
     return f;
   }
 
   Backend& backend_;
-  ModelWeights* out_;
+  std::vector<std::shared_ptr<void>>* keep_;
 };
 
 std::string idx(const char* prefix, size_t i, const char* suffix) {
   return std::string(prefix) + std::to_string(i) + suffix;
 }
 
+Status load_layer(Loader& L, const DecoderLayerWeights& h, size_t l, DecoderLayerWeights* d) {
+  QVL_RETURN_IF_ERROR(L.f32(h.input_norm, idx("text.layers.", l, ".input_norm"), &d->input_norm));
+  QVL_RETURN_IF_ERROR(
+      L.f32(h.post_attention_norm, idx("text.layers.", l, ".post_attention_norm"), &d->post_attention_norm));
+  QVL_RETURN_IF_ERROR(L.f32(h.q_norm, idx("text.layers.", l, ".q_norm"), &d->q_norm));
+  QVL_RETURN_IF_ERROR(L.f32(h.k_norm, idx("text.layers.", l, ".k_norm"), &d->k_norm));
+  QVL_RETURN_IF_ERROR(L.linear(h.qkv, idx("text.layers.", l, ".qkv"), &d->qkv));
+  QVL_RETURN_IF_ERROR(L.linear(h.o, idx("text.layers.", l, ".o_proj"), &d->o));
+  QVL_RETURN_IF_ERROR(L.linear(h.gate_up, idx("text.layers.", l, ".gate_up"), &d->gate_up));
+  return L.linear(h.down, idx("text.layers.", l, ".down_proj"), &d->down);
+}
+
 }  // namespace
 
-Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host) {
+Result<DecoderLayerWeights> load_decoder_layer(Backend& backend, const ModelWeights& host, int layer,
+                                               std::vector<std::shared_ptr<void>>* keep_alive) {
+  QVL_CHECK(layer >= 0 && layer < static_cast<int>(host.text.layers.size())) << "decoder layer " << layer;
+  QVL_CHECK(keep_alive != nullptr);
+  Loader L(backend, keep_alive);
+  DecoderLayerWeights d;
+  QVL_RETURN_IF_ERROR(load_layer(L, host.text.layers[layer], static_cast<size_t>(layer), &d));
+  return d;
+}
+
+Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host,
+                                  const std::function<bool(int layer)>& resident) {
   ModelWeights out;
   // A backend may hand back views of the host memory (the CPU backend does when no conversion
   // is needed), so the maps stay alive with the loaded tree.
   out.keep_alive = host.keep_alive;
-  Loader L(backend, &out);
+  Loader L(backend, &out.keep_alive);
 
   const VisionWeights& hv = host.vision;
   VisionWeights& v = out.vision;
@@ -109,17 +132,8 @@ Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host) {
   QVL_RETURN_IF_ERROR(L.same(ht.embed_tokens, "text.embed_tokens", &t.embed_tokens));
   t.layers.resize(ht.layers.size());
   for (size_t l = 0; l < ht.layers.size(); ++l) {
-    const DecoderLayerWeights& h = ht.layers[l];
-    DecoderLayerWeights& d = t.layers[l];
-    QVL_RETURN_IF_ERROR(L.f32(h.input_norm, idx("text.layers.", l, ".input_norm"), &d.input_norm));
-    QVL_RETURN_IF_ERROR(
-        L.f32(h.post_attention_norm, idx("text.layers.", l, ".post_attention_norm"), &d.post_attention_norm));
-    QVL_RETURN_IF_ERROR(L.f32(h.q_norm, idx("text.layers.", l, ".q_norm"), &d.q_norm));
-    QVL_RETURN_IF_ERROR(L.f32(h.k_norm, idx("text.layers.", l, ".k_norm"), &d.k_norm));
-    QVL_RETURN_IF_ERROR(L.linear(h.qkv, idx("text.layers.", l, ".qkv"), &d.qkv));
-    QVL_RETURN_IF_ERROR(L.linear(h.o, idx("text.layers.", l, ".o_proj"), &d.o));
-    QVL_RETURN_IF_ERROR(L.linear(h.gate_up, idx("text.layers.", l, ".gate_up"), &d.gate_up));
-    QVL_RETURN_IF_ERROR(L.linear(h.down, idx("text.layers.", l, ".down_proj"), &d.down));
+    if (resident && !resident(static_cast<int>(l))) continue;
+    QVL_RETURN_IF_ERROR(load_layer(L, ht.layers[l], l, &t.layers[l]));
   }
   QVL_RETURN_IF_ERROR(L.f32(ht.final_norm, "text.final_norm", &t.final_norm));
   t.lm_head_tied = ht.lm_head_tied;

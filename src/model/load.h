@@ -6,12 +6,24 @@
 // Any backend error (out of memory) is returned with the tensor it was loading.
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <vector>
+
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/weights.h"
 
 namespace qvl {
 
-Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host);
+// `resident` (optional) says which decoder layers to load; the others stay empty in the result
+// for the caller to fill (layer offload, memory/offload.h). Null: every layer.
+Result<ModelWeights> load_weights(Backend& backend, const ModelWeights& host,
+                                  const std::function<bool(int layer)>& resident = nullptr);
+
+// Decoder layer `layer` of the host tree on `backend`, as load_weights loads it; host-side
+// conversions it makes are kept alive by `keep_alive`.
+Result<DecoderLayerWeights> load_decoder_layer(Backend& backend, const ModelWeights& host, int layer,
+                                               std::vector<std::shared_ptr<void>>* keep_alive);
 
 }  // namespace qvl

@@ -38,8 +38,12 @@ void Qwen3VLModel::forward(const TextBatch& batch, const TextStepInputs& in, con
   for (const VisualRows& v : in.visual)
     for (int64_t i = 0; i < v.embeds.dim(0); ++i) visual_rows.push_back(static_cast<int32_t>(v.batch_row + i));
 
+  const LayerStream* stream = weights_.layer_stream.get();
+  if (stream) stream->begin_step();
   for (int l = 0; l < tc.num_hidden_layers; ++l) {
+    if (stream) stream->before_layer(l);
     decoder_layer(l, x, batch, cache, arena);
+    if (stream) stream->after_layer(l);
     dump(kStageLayer, l, x);
     // Deepstack: x[visual rows] += feature of tap l, after the whole layer (prefill only).
     if (l < num_deepstack() && !visual_rows.empty()) {

@@ -53,14 +53,30 @@ struct DecoderLayerWeights {
 struct TextWeights {
   Tensor embed_tokens;  // [V, H]
   std::vector<DecoderLayerWeights> layers;
-  Tensor final_norm;    // [H]
-  LinearWeight lm_head; // [V, H]; the embedding table itself when tied
+  Tensor final_norm;     // [H]
+  LinearWeight lm_head;  // [V, H]; the embedding table itself when tied
   bool lm_head_tied = true;
+};
+
+// Decoder layers whose weights live in host memory and are streamed into device staging buffers
+// for every step (memory/offload.h makes it). Their DecoderLayerWeights point into the staging
+// buffers; the forward pass calls begin_step() before the first decoder layer, before_layer(l)
+// before layer l reads a weight and after_layer(l) after its last read, and the stream makes
+// the right layer's bytes be there in between.
+class LayerStream {
+ public:
+  virtual ~LayerStream() = default;
+  virtual void begin_step() const = 0;
+  virtual void before_layer(int layer) const = 0;
+  virtual void after_layer(int layer) const = 0;
+  virtual int num_streamed() const = 0;  // layers that are not resident
 };
 
 struct ModelWeights {
   VisionWeights vision;
   TextWeights text;
+  // Null when every decoder layer is resident on the device.
+  std::shared_ptr<const LayerStream> layer_stream;
   // Keeps the memory the tensors point into alive (mmap'd shards, backend buffers).
   std::vector<std::shared_ptr<void>> keep_alive;
 };

@@ -90,8 +90,14 @@ TEST(CmdPlan, AutoFitRunsAndSaysWhatItChose) {
   EXPECT_TRUE(j["fits"].get<bool>());
   EXPECT_FALSE(j["auto_fit"]["applied"].empty());
 
-  // 8B BF16 on 8 GiB needs layer offload, which qvl serve cannot do yet: auto-fit says so.
+  // 8B BF16 on 8 GiB needs layer offload: auto-fit chooses it (memory_fit_test checks how many).
   r = qvl_plan("--preset 8b --gpu-memory 8GiB --auto-fit");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("auto-fit: --offload-layers "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FITS with"), std::string::npos) << r.out;
+
+  // Not even every layer offloaded fits 2 GiB: exit 2 and the remaining shortfall.
+  r = qvl_plan("--preset 8b --gpu-memory 2GiB --auto-fit");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("does not fit even with every change applied"), std::string::npos) << r.err;
 }

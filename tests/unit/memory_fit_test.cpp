@@ -226,10 +226,11 @@ TEST(Fit, AutoFitPrefersTheCheapChange) {
 }
 
 TEST(Fit, OnlyWhatTheLoaderCanDo) {
-  // Without layer offload and load-time FP8 (this qvl today), 8B BF16 cannot fit 8 GiB: offload is
-  // not suggested, and auto-fit says what is missing.
+  // Without layer offload (a backend that cannot stream weights) and load-time FP8, 8B BF16 cannot
+  // fit 8 GiB: offload is not suggested, and auto-fit says what is missing.
   RuntimeOptions o;
   o.gpu_memory_bytes = 8 * kGiB;
+  o.can_offload = false;
   MemoryPlan p = plan_ok(preset("8b"), o);
   for (const Suggestion& s : p.suggestions) EXPECT_NE(s.change, FitChange::kOffloadLayers);
   Result<AutoFit> fit = auto_fit(preset("8b"), o, {});

@@ -77,14 +77,20 @@ class CpuBackend final : public Backend {
 
   // ---- weights ----
   Result<Tensor> load_tensor(const Tensor& host, DType as) override {
-    if (host.dtype == as) return host;
+    if (host.dtype == as && !placement_) return host;
+    if (host.dtype == as) {  // a weight placement wants its own copy
+      Tensor t = host;
+      QVL_ASSIGN_OR_RETURN(t.data, store(t.nbytes(), "tensor " + shape_of(host)));
+      std::memcpy(t.data, host.data, t.nbytes());
+      return t;
+    }
     if (!cpu::is_plain_float(host.dtype) || !(as == DType::kF32 || as == DType::kBF16)) {
       return unimplemented("cpu: cannot convert a " + std::string(dtype_name(host.dtype)) + " tensor " +
                            shape_of(host) + " to " + std::string(dtype_name(as)));
     }
     Tensor t = host;
     t.dtype = as;
-    t.data = own(t.nbytes());
+    QVL_ASSIGN_OR_RETURN(t.data, store(t.nbytes(), "tensor " + shape_of(host)));
     const int64_t n = host.numel();
     if (as == DType::kF32) {
       cpu::to_f32(host.data, host.dtype, 0, n, t.as<float>());
@@ -111,7 +117,7 @@ class CpuBackend final : public Backend {
         return invalid_argument(what + ": expected [out, " + std::to_string(w.in_features) + "]");
       if (p.weight.dtype != dt) return invalid_argument(what + ": parts of one Linear must share a dtype");
       LinearPart q;
-      q.weight = p.weight;
+      QVL_ASSIGN_OR_RETURN(q.weight, load_tensor(p.weight, p.weight.dtype));  // the view itself, unless placed
       if (dt == DType::kF8E4M3) {
         if (block_size <= 0 || 256 % block_size != 0)
           return unimplemented(what + ": FP8 block size " + std::to_string(block_size) +
@@ -141,6 +147,16 @@ class CpuBackend final : public Backend {
     }
     return w;
   }
+
+  // ---- layer offload: "host" memory is ordinary memory and a prefetch is a plain copy ----
+  bool can_stream_weights() const override { return true; }
+  Result<DeviceBuffer> allocate_host(size_t bytes, const std::string& tag) override { return allocate(bytes, tag); }
+  void set_weight_placement(WeightPlacement* placement) override { placement_ = placement; }
+  void prefetch(int slot, void* dst, const void* host_src, size_t bytes) override {
+    QVL_CHECK(slot >= 0 && slot < kPrefetchSlots) << "prefetch slot " << slot;
+    std::memcpy(dst, host_src, bytes);
+  }
+  void wait_prefetch(int slot) override { QVL_CHECK(slot >= 0 && slot < kPrefetchSlots) << "prefetch slot " << slot; }
 
   // ---- ops ----
   void embedding(Tensor out, const Tensor& table, const Tensor& ids) override {
@@ -287,6 +303,16 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Memory for a loaded weight: the placement's while one is set, else backend-owned.
+  Result<void*> store(size_t bytes, const std::string& what) {
+    if (!placement_) return own(bytes);
+    void* p = placement_->take(bytes);
+    if (!p)
+      return resource_exhausted("cpu: " + what + " does not fit the weight placement (" +
+                                std::to_string(placement_->wanted()) + " bytes wanted of " +
+                                std::to_string(placement_->capacity()) + ")");
+    return p;
+  }
   // Backend-owned storage for converted weights; lives as long as the backend.
   void* own(size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -295,6 +321,7 @@ class CpuBackend final : public Backend {
   }
 
   int threads_;
+  WeightPlacement* placement_ = nullptr;
   std::mutex mu_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
 };

@@ -14,6 +14,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/region.h"
+#include "backend/cuda/weight_stream.h"
 #include "core/log.h"
 
 namespace qvl {
@@ -164,7 +165,7 @@ class CudaBackend final : public Backend {
     Tensor out = host;
     out.dtype = as;
     out.device = Device::kCuda;
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, allocate(out.nbytes(), "weight " + host.shape_string()));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, weight_memory(out.nbytes(), "weight " + host.shape_string()));
     out.data = buf.data();
     QVL_RETURN_IF_ERROR(upload_converted(out.data, host, as));
     weights_.push_back(std::move(buf));
@@ -172,6 +173,22 @@ class CudaBackend final : public Backend {
   }
 
   Result<LinearWeight> load_linear(std::span<const LinearPart> parts, const Tensor& host_bias, int block_size) override;
+
+  // ---- layer offload ----
+  bool can_stream_weights() const override { return true; }
+  Result<DeviceBuffer> allocate_host(size_t bytes, const std::string& tag) override {
+    QVL_RETURN_IF_ERROR(weight_stream_.init());
+    return cuda::allocate_pinned(bytes, tag);
+  }
+  void set_weight_placement(WeightPlacement* placement) override { placement_ = placement; }
+  void prefetch(int slot, void* dst, const void* host_src, size_t bytes) override {
+    flush();
+    weight_stream_.prefetch(stream_, slot, dst, host_src, bytes);
+  }
+  void wait_prefetch(int slot) override {
+    flush();
+    weight_stream_.wait(stream_, slot);
+  }
 
   // ---- ops ----
   void embedding(Tensor out, const Tensor& table, const Tensor& ids) override {
@@ -280,6 +297,18 @@ class CudaBackend final : public Backend {
     return st != cudaStreamCaptureStatusNone;
   }
 
+  // Device memory for a weight: carved from the weight placement while one is set (layer
+  // offload lays a layer out in a staging buffer), else a fresh allocation.
+  Result<DeviceBuffer> weight_memory(size_t bytes, const std::string& tag) {
+    if (!placement_) return allocate(bytes, tag);
+    void* p = placement_->take(bytes);
+    if (!p)
+      return resource_exhausted(tag + ": does not fit the offload staging buffer (" +
+                                std::to_string(placement_->wanted()) + " bytes wanted of " +
+                                std::to_string(placement_->capacity()) + ")");
+    return DeviceBuffer(p, bytes, nullptr);
+  }
+
   // Copies `host` to device memory at dst as dtype `as` (converting on the host if needed).
   Status upload_converted(void* dst, const Tensor& host, DType as) {
     const int64_t n = host.numel();
@@ -327,6 +356,8 @@ class CudaBackend final : public Backend {
   std::map<std::string, cudaGraphExec_t> graphs_;
   bool fusion_ = true;
   Pending pending_;
+  WeightPlacement* placement_ = nullptr;
+  cuda::WeightStream weight_stream_;  // created by the first allocate_host
 };
 
 Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,
@@ -352,7 +383,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
   LinearPart merged;
   if (!fp8) {
     Tensor wt(nullptr, DType::kBF16, {out, in}, Device::kCuda);
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, allocate(wt.nbytes(), "linear " + wt.shape_string()));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer buf, weight_memory(wt.nbytes(), "linear " + wt.shape_string()));
     wt.data = buf.data();
     int64_t row = 0;
     for (const LinearPart& p : parts) {
@@ -371,8 +402,8 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
     const int64_t scale_rows = aligned ? (out + block_size - 1) / block_size : out;
     Tensor wt(nullptr, DType::kF8E4M3, {out, in}, Device::kCuda);
     Tensor st(nullptr, DType::kF32, {scale_rows, kb}, Device::kCuda);
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer wbuf, allocate(wt.nbytes(), "fp8 linear " + wt.shape_string()));
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer sbuf, allocate(st.nbytes(), "fp8 scales " + st.shape_string()));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer wbuf, weight_memory(wt.nbytes(), "fp8 linear " + wt.shape_string()));
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer sbuf, weight_memory(st.nbytes(), "fp8 scales " + st.shape_string()));
     wt.data = wbuf.data();
     st.data = sbuf.data();
     std::vector<float> scales(static_cast<size_t>(scale_rows * kb));
