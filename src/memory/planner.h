@@ -16,10 +16,14 @@
 //   N decoder layers in host memory, smaller prefill chunk), each with the bytes it saves alone.
 //
 // Known approximations (tools/bench/plan_vs_measured.py measures them on the GPU machine):
-// - The CUDA context and kernel modules come from a per-architecture table of provisional values.
-// - Weights are counted tensor by tensor (256-byte alignment each); the CUDA backend makes one
-//   cudaMalloc per tensor, so if the driver maps each large one in whole 2 MiB pages the device
-//   holds up to 2 MiB more per large tensor than planned.
+// - The CUDA context and kernel modules come from a per-architecture table; only the sm_90 row is
+//   measured (H200), the others are provisional.
+// - Weights are counted allocation by allocation as the CUDA backend makes them (one cudaMalloc
+//   per tensor, stacked q|k|v and gate|up merged): the driver maps an allocation of at least
+//   kPageRoundedAllocation bytes in whole 2 MiB pages of its own (measured: 4B BF16's 95 MiB
+//   gate|up and 47.5 MiB down hold 1.5 MiB more per layer, which is why the measured overhead
+//   looked 56 MiB larger with 4B than with 2B, whose tensors are whole pages), and packs smaller
+//   ones together.
 // - KV is counted in whole pages for concurrency × context; the pool commits in chunks (at least
 //   one full context, engine/loader), so a workload that is not whole chunks may commit up to one
 //   chunk more, never past kv_capacity_pages.
@@ -38,6 +42,10 @@
 namespace qvl {
 
 inline constexpr int64_t kDeviceGranularity = 2 * kMiB;
+// Allocations at least this large get whole kDeviceGranularity pages of their own; smaller ones
+// share pages (kWeightAlignment each). The 2B/4B measurements fit any threshold between 16 KiB
+// and 2 MiB (no weight lies in between); 1 MiB is the caching allocators' usual split.
+inline constexpr int64_t kPageRoundedAllocation = 1 * kMiB;
 
 // What the user (or serve's defaults) asks for. Zero means "the default" where noted.
 struct RuntimeOptions {
@@ -95,11 +103,27 @@ struct WeightBytes {
   int64_t decoder_other = 0;   // final norm
   int64_t embeddings = 0;
   int64_t lm_head = 0;        // 0 when tied
-  int64_t largest_layer = 0;  // the biggest decoder layer (offload staging unit)
+  int64_t largest_layer = 0;  // the biggest decoder layer, each tensor aligned (offload staging unit)
   int64_t tensor_count = 0;
-  int64_t alignment_padding = 0;  // rounding each tensor to kWeightAlignment in the weights arena
+  int64_t alignment_padding = 0;  // rounding each tensor to kWeightAlignment
+
+  // Device memory as allocated (see the header comment): page-rounded large allocations and the
+  // 256-aligned small ones, for everything but the decoder layers and for each layer.
+  struct Allocations {
+    int64_t large = 0;  // whole pages
+    int64_t small = 0;  // kWeightAlignment each, sharing pages
+    void add(int64_t bytes);
+  };
+  Allocations other_allocations;
+  std::vector<Allocations> layer_allocations;  // one per decoder layer
 
   int64_t total() const { return vision + decoder_layers + decoder_other + embeddings + lm_head; }
+  // Device bytes of the weights with the last `offloaded` decoder layers elsewhere: the large
+  // allocations plus the small ones rounded up to whole pages.
+  int64_t allocated(int offloaded = 0) const;
+  // Bytes of the last `n` decoder layers as one staging buffer holds them (tensors aligned).
+  int64_t last_layers(int n) const;
+  std::vector<int64_t> layer_aligned;  // per decoder layer, each tensor aligned
 };
 inline constexpr int64_t kWeightAlignment = 256;
 struct TensorSpec;
@@ -152,9 +176,9 @@ struct MemoryPlan {
 
   // Weights.
   WeightBytes weights;
-  int64_t weights_offloaded = 0;  // layers moved to pinned host memory
+  int64_t weights_offloaded = 0;  // bytes of the layers moved to pinned host memory (weights.last_layers)
   int64_t offload_staging = 0;    // device buffers the offloaded layers stream through
-  int64_t weights_device = 0;     // allocation: resident weights + padding + staging, rounded
+  int64_t weights_device = 0;     // resident weights as allocated (weights.allocated)
 
   // CUDA runtime.
   const ArchOverheads* arch = nullptr;
