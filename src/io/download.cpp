@@ -373,11 +373,15 @@ struct Puller {
                          "', which the repository does not have");
       rest.push_back(f);
     }
+    // As huggingface_hub's allow_patterns: "dir/" means everything under dir/.
+    std::vector<std::string> include = o.include;
+    for (std::string& g : include)
+      if (!g.empty() && g.back() == '/') g += '*';
     for (const HubFile& f : listing.files) {
       const bool taken = std::find(rest.begin(), rest.end(), &f) != rest.end() ||
                          std::find(metadata.begin(), metadata.end(), &f) != metadata.end();
       if (!taken &&
-          std::any_of(o.include.begin(), o.include.end(), [&](const std::string& g) { return glob_match(g, f.path); }))
+          std::any_of(include.begin(), include.end(), [&](const std::string& g) { return glob_match(g, f.path); }))
         rest.push_back(&f);
     }
     for (const HubFile* f : rest) total += f->size;

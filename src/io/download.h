@@ -82,7 +82,7 @@ struct PullOptions {
   std::string repo_id;                              // "org/name"
   std::string revision = "main";                    // branch, tag or commit
   std::string hub_dir;                              // the cache root ($HF_HOME/hub)
-  std::vector<std::string> include;                 // extra files, by glob
+  std::vector<std::string> include;                 // extra files, by glob ("dir/" = all under dir/)
   HttpOptions http;
   std::function<void(const PullProgress&)> on_progress;
 };

@@ -145,6 +145,8 @@ class Download : public ::testing::Test {
     repo.files["cut.bin"] = test::git_file(bytes_, kSha);
     repo.files["cut.bin"].cut_first = true;
     repo.files["whole.bin"] = test::git_file(bytes_, kSha);
+    repo.files["norange.bin"] = test::git_file(bytes_, kSha);
+    repo.files["norange.bin"].ignore_range = true;
     hub_.add("org/m", repo);
     dir_ = test::temp_dir("download");
     options_.backoff_initial_ms = 10;
@@ -172,6 +174,33 @@ TEST_F(Download, ResumesACutTransferAndHashesTheWhole) {
   ASSERT_EQ(log.size(), 2u);
   EXPECT_EQ(log[0].range, "");
   EXPECT_EQ(log[1].range, "bytes=" + std::to_string(bytes_.size() / 2) + "-");
+}
+
+// A partial file whose bytes are wrong, and a server that answers its Range request with the
+// whole file: the file restarts from zero and the hash covers only what was written.
+TEST_F(Download, AServerIgnoringTheRangeRestartsTheFile) {
+  FileTransfer t;
+  t.url = url("norange.bin");
+  t.path = dir_ + "/norange.bin.incomplete";
+  t.expected_size = bytes_.size();
+  t.hash = true;
+  test::spit(t.path, std::string(1000, 'X'));
+  std::vector<uint64_t> seen;
+  t.on_bytes = [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, bytes_.size());
+    seen.push_back(done);
+  };
+  auto r = http_download(options_, t);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->sha256, sha256_hex(bytes_));
+  EXPECT_TRUE(test::slurp(t.path) == bytes_);
+  ASSERT_FALSE(seen.empty());
+  for (uint64_t done : seen) EXPECT_LE(done, bytes_.size());  // counted from zero again, not from 1000
+  EXPECT_EQ(seen.back(), bytes_.size());
+  auto log = hub_.requests_for("/norange.bin");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].range, "bytes=1000-");
 }
 
 TEST_F(Download, ASizeOtherThanListedFailsAtTheHeaders) {

@@ -3,9 +3,9 @@
 // ?blobs=true) and the files (GET /{org}/{name}/resolve/{commit}/{path}, Range requests served
 // by httplib). Repositories and their files are plain data the test fills in, with knobs for
 // the failures to provoke: a file cut off half way the first time it is asked for, a 503 on
-// the first request, a listing that lies about a size or a sha256, a token requirement (401)
-// or a gated file (403), an unknown revision (404). Every request is logged (path, Range,
-// Authorization) so a test can check what was asked for.
+// the first request, a server that ignores Range, a listing that lies about a size or a sha256, a token requirement
+// (401) or a gated file (403), an unknown revision (404). Every request is logged (path, Range, Authorization) so a
+// test can check what was asked for.
 #pragma once
 
 #include <httplib.h>
@@ -28,6 +28,7 @@ struct FakeHubFile {
   std::string listed_sha256;  // "": the real one
   bool cut_first = false;     // first request without Range: send half, then drop the connection
   bool fail_first = false;    // first request: HTTP 503
+  bool ignore_range = false;  // answer a Range request with 200 and the whole file (chunked)
 };
 
 // A git (non-LFS) file with blob id `id`.
@@ -171,6 +172,18 @@ class FakeHub {
                                  sink.write(bytes.data() + offset, std::min(length, half - offset));
                                  return true;
                                });
+      return;
+    }
+    if (f.ignore_range && req.has_header("Range")) {
+      // httplib slices every response with a length to the requested range; a chunked one it
+      // cannot, so this is a 200 with the whole file and no Content-Length.
+      res.status = 200;
+      const std::string bytes = f.bytes;
+      res.set_chunked_content_provider("application/octet-stream", [bytes](size_t offset, httplib::DataSink& sink) {
+        if (offset < bytes.size()) sink.write(bytes.data() + offset, std::min<size_t>(bytes.size() - offset, 65536));
+        if (offset + 65536 >= bytes.size()) sink.done();
+        return true;
+      });
       return;
     }
     res.set_content(f.bytes, "application/octet-stream");
