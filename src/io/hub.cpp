@@ -94,7 +94,7 @@ Result<std::string> resolve_hub_snapshot(const std::string& hub_dir, const std::
       "models--" + repo_id.substr(0, repo_id.find('/')) + "--" + repo_id.substr(repo_id.find('/') + 1);
   const fs::path repo = fs::path(hub_dir) / slug;
   const std::string how =
-      "download it with `huggingface-cli download " + repo_id + "` (or set HF_HOME to the cache that holds it)";
+      "download it with `qvl pull " + repo_id + "` (or `huggingface-cli download " + repo_id + "`), or set HF_HOME to the cache that holds it";
   if (!path_exists(repo))
     return not_found("model '" + repo_id + "' not found: no local directory '" + repo_id + "' and no " + repo.string() +
                      " in the hub cache; " + how);

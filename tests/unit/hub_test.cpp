@@ -54,6 +54,7 @@ TEST(Hub, MissesSayWhereAndHow) {
   EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
   EXPECT_CONTAINS(m.status().message(), s.hub_dir + "/models--Qwen--Qwen3-VL-8B-Instruct");
   EXPECT_CONTAINS(m.status().message(), "huggingface-cli download Qwen/Qwen3-VL-8B-Instruct");
+  EXPECT_CONTAINS(m.status().message(), "qvl pull Qwen/Qwen3-VL-8B-Instruct");
   s.revision = "v2";
   m = resolve_model("Qwen/Qwen3-VL-2B-Instruct", s);
   ASSERT_FALSE(m.is_ok());
