@@ -27,6 +27,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "memory/activations.h"
+#include "memory/offload.h"
 #include "model/bind.h"
 #include "model/load.h"
 #include "model/model.h"
@@ -52,6 +53,7 @@ struct BenchOptions {
   int threads = 0;
   int gpu = 0;
   bool no_graphs = false;
+  int offload_layers = 0;
   std::string out;
 };
 
@@ -162,7 +164,8 @@ Status run_bench(const BenchOptions& o) {
     return invalid_argument("--backend " + o.backend + ": cpu or cuda");
   }
   Backend& be = *backend;
-  QVL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(be, host));
+  OffloadStats offload;
+  QVL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights_offloaded(be, config, host, o.offload_layers, &offload));
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model, Qwen3VLModel::create(be, config, std::move(weights)));
   const double load_ms = ms_since(t_load);
   const TextConfig& tc = config.text;
@@ -483,6 +486,8 @@ Status run_bench(const BenchOptions& o) {
   out["decode"] = decode;
   out["weights_bytes_decode"] = decode_weight_bytes(model->weights(), 1);
   out["kv_bytes_per_token"] = kv_token_bytes;
+  out["offload"] = {
+      {"layers", offload.layers}, {"host_bytes", offload.host_bytes}, {"staging_bytes", offload.staging_bytes}};
 #ifdef QVL_HAVE_CUDA
   if (!memory.is_null()) out["memory"] = memory;
 #endif
@@ -511,6 +516,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--threads", o->threads, "CPU backend threads (0 = all)");
   app.add_option("--repeat", o->repeat, "Timed runs of vision and TTFT; medians are reported (5)");
   app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
+  app.add_option("--offload-layers", o->offload_layers,
+                 "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {
     Status s = run_bench(*o);
