@@ -34,8 +34,8 @@ step() {  # step NAME SECONDS command...
 for s in "$@"; do
   d="$work/$s"
   case "$s" in
-    gputests) step gputests 200 build-dev/qvl_gpu_tests --gtest_filter='GpuOffload*:GpuModel*:GpuGraphs*' ;;
-    memory) step memory 400 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,4b,4b-fp8 \
+    gputests) step gputests 120 build-dev/qvl_gpu_tests --gtest_filter='GpuOffload*:GpuModel*:GpuGraphs*' ;;
+    memory) step memory 280 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,4b,4b-fp8 \
               --contexts 2048 --megapixels 1 --refusal --serve-8gb --offload ;;
     grid) step grid 540 python3 tools/bench/plan_vs_measured.py --out "$d" ;;
     *) echo "offload.sh: unknown step $s" ;;
