@@ -76,6 +76,7 @@ std::string plan_table(const MemoryPlan& p, const std::string& model_label) {
     row(os, "weights: " + plural(o.offload_layers, "layer", "layers") + " offloaded to pinned host memory",
         -p.weights_offloaded);
     row(os, "offload staging buffers", p.offload_staging);
+    row(os, "device page tables of the pinned host memory", p.offload_page_tables);
   }
   char ctx[160];
   std::snprintf(ctx, sizeof ctx, "CUDA context (%s, %d SMs)", p.arch ? p.arch->label : "?", p.sm_count);
@@ -188,6 +189,7 @@ std::string plan_json(const MemoryPlan& p, const std::string& model_label, const
                   {"alignment_padding", p.weights.alignment_padding},
                   {"offloaded", p.weights_offloaded},
                   {"offload_staging", p.offload_staging},
+                  {"offload_page_tables", p.offload_page_tables},
                   {"device_allocation", p.weights_device}};
   j["cuda"] = {{"arch", p.arch ? p.arch->label : ""},
                {"sm_count", p.sm_count},

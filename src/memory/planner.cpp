@@ -292,6 +292,9 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   p.offload_staging =
       o.offload_layers > 0 ? round_up(std::min<int64_t>(o.offload_layers, kOffloadStagingLayers) * layer, gran) : 0;
   p.weights_device = p.weights.allocated(o.offload_layers);
+  p.offload_page_tables = o.offload_layers > 0
+                              ? round_up(ceil_div(p.weights_offloaded, kHostPageBytes) * kHostPageTableEntryBytes, gran)
+                              : 0;
   if (o.offload_layers > 0 && !o.can_offload)
     p.notes.push_back("this backend cannot keep layers in host memory: --offload-layers is planned, not served");
   if (o.offload_layers > 0 && o.offload_layers <= kOffloadStagingLayers)
@@ -341,8 +344,8 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   p.logits_buffer = round_up(buffers.logits, gran);
 
   // ---- totals ----
-  p.fixed_bytes =
-      p.weights_device + p.offload_staging + p.runtime_total() + p.activation_arena + p.step_inputs + p.logits_buffer;
+  p.fixed_bytes = p.weights_device + p.offload_staging + p.offload_page_tables + p.runtime_total() +
+                  p.activation_arena + p.step_inputs + p.logits_buffer;
   p.peak_bytes = p.fixed_bytes + p.kv_required_bytes;
   p.margin_bytes = o.margin_bytes;
 

@@ -204,8 +204,9 @@ TEST(PlannerVerdict, PeakIsTheSumOfItsParts) {
   o.gpu_memory_bytes = 8 * kGiB;
   o.max_image_tokens = 1024;
   MemoryPlan p = plan_ok(preset("4b", true), o);
-  EXPECT_EQ(p.fixed_bytes, p.weights_device + p.offload_staging + p.cuda_context + p.cuda_modules +
-                               p.backend_workspace + p.activation_arena + p.step_inputs + p.logits_buffer);
+  EXPECT_EQ(p.fixed_bytes, p.weights_device + p.offload_staging + p.offload_page_tables + p.cuda_context +
+                               p.cuda_modules + p.backend_workspace + p.activation_arena + p.step_inputs +
+                               p.logits_buffer);
   EXPECT_EQ(p.peak_bytes, p.fixed_bytes + p.kv_required_bytes);
   EXPECT_EQ(p.activation_arena,
             round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), kDeviceGranularity));
@@ -377,7 +378,11 @@ TEST(PlannerOffload, MovesLayersToHostThroughTwoStagingBuffers) {
   EXPECT_EQ(base.weights_device, w.other_allocations.large + 36 * 194 * kMiB + round_up(small_all, kDeviceGranularity));
   EXPECT_EQ(p.weights_device,
             w.other_allocations.large + 26 * 194 * kMiB + round_up(small_all - 10 * 21504, kDeviceGranularity));
-  EXPECT_EQ(p.fixed_bytes - base.fixed_bytes, p.weights_device + p.offload_staging - base.weights_device);
+  // The pinned host memory's page tables: 8 bytes per 4 KiB page of the 10 layers, in whole pages.
+  EXPECT_EQ(base.offload_page_tables, 0);
+  EXPECT_EQ(p.offload_page_tables, round_up(10 * layer / 4096 * 8, kDeviceGranularity));
+  EXPECT_EQ(p.fixed_bytes - base.fixed_bytes,
+            p.weights_device + p.offload_staging + p.offload_page_tables - base.weights_device);
   EXPECT_LT(p.peak_bytes, base.peak_bytes);
   // Two offloaded layers stream through two buffers: nothing saved but the two layers' page
   // rounding (2 × 194 MiB of pages resident vs 2 × 192.5 MiB packed in one staging allocation).
