@@ -24,6 +24,8 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
       ->check(CLI::IsMember({"bf16", "fp8"}));
   app.add_option("--offload-layers", a->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
+  app.add_flag("--fp8", a->fp8,
+               "FP8 text Linears: a BF16 checkpoint is quantized at load (128x128 blocks, as the -FP8 checkpoints)");
   app.add_flag("--auto-fit", a->auto_fit,
                "When the model does not fit the budget, apply the cheapest changes that fit (printed)");
 }
@@ -84,6 +86,7 @@ Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string&
   if (args.offload_layers < 0)
     return invalid_argument("--offload-layers " + std::to_string(args.offload_layers) + " must be >= 0");
   rt.offload_layers = args.offload_layers;
+  rt.fp8_weights = args.fp8;
   o.auto_fit = args.auto_fit;
   if (!args.gpu_memory.empty() && !device.present)
     return invalid_argument("--gpu-memory " + args.gpu_memory + " applies to the CUDA backend; this run uses the CPU");

@@ -27,6 +27,7 @@ struct EngineArgs {
   int64_t prefill_chunk = 2048;   // rows per decoder step
   std::string kv_dtype = "bf16";  // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
   int offload_layers = 0;         // decoder layers kept in host memory (memory/offload.h)
+  bool fp8 = false;               // block-FP8 text Linears (quantized at load from BF16: memory/quantize.h)
   bool auto_fit = false;          // apply memory/planner.h auto_fit() when the plan does not fit
 };
 

@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "memory/kv_pool.h"
+#include "memory/quantize.h"
 #include "model/bind.h"
 #include "model/load.h"
 #include "model/model.h"
@@ -72,9 +73,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   RuntimeOptions rt = options.runtime;
   rt.activation_dtype = backend->activation_dtype();
   rt.can_offload = backend->can_stream_weights();
-  if (rt.fp8_weights && !m.config.quant.fp8)
-    return unimplemented("FP8 weights need an FP8 checkpoint (e.g. Qwen/Qwen3-VL-4B-Instruct-FP8); " +
-                         options.model_dir + " is " + m.config.torch_dtype);
+  rt.can_quantize_fp8 = true;  // memory/quantize.h
   if (rt.offload_layers > 0 && !rt.can_offload)
     return unimplemented("--offload-layers " + std::to_string(rt.offload_layers) + ": the " + backend->name() +
                          " backend cannot stream weights from host memory");
@@ -95,6 +94,13 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   QVL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::load_dir(tok_dir));
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
+  if (rt.fp8_weights && !m.config.quant.fp8) {
+    QVL_ASSIGN_OR_RETURN(QuantizedWeights q, quantize_fp8_at_load(m.config, host, options.sampling_threads));
+    log_info("FP8 weights: " + std::to_string(q.quantized_linears) +
+             " text Linears of the BF16 checkpoint quantized at load (128x128 blocks)");
+    m.config = std::move(q.config);
+    host = std::move(q.host);
+  }
   QVL_ASSIGN_OR_RETURN(ModelWeights weights,
                        load_weights_offloaded(*backend, m.config, host, rt.offload_layers, &m.offload));
   if (m.offload.layers > 0)

@@ -67,12 +67,12 @@ struct RuntimeOptions {
   bool fp8_weights = false;       // block-FP8 text Linears (quantized at load unless already FP8)
   // What this qvl's loader can do (engine/loader): auto-fit applies only these, suggestions offer
   // offloading only when it exists. Flip them where the feature lands.
-  bool can_quantize_fp8 = false;          // quantize a BF16 checkpoint's text Linears to FP8 at load
-  bool can_offload = true;                // keep decoder layers in pinned host memory (memory/offload.h)
-  int64_t gpu_memory_bytes = 0;           // the budget; 0: the device's free memory minus reserve_bytes
-  int64_t reserve_bytes = 256 * kMiB;     // left free for other programs when the budget is "free memory"
-  int64_t margin_bytes = 128 * kMiB;      // held back inside the budget for what the plan cannot see
-  int64_t cuda_overhead_bytes = -1;       // CUDA context + kernel modules; -1: the arch table
+  bool can_quantize_fp8 = true;        // quantize a BF16 checkpoint's text Linears to FP8 at load (memory/quantize.h)
+  bool can_offload = true;             // keep decoder layers in pinned host memory (memory/offload.h)
+  int64_t gpu_memory_bytes = 0;        // the budget; 0: the device's free memory minus reserve_bytes
+  int64_t reserve_bytes = 256 * kMiB;  // left free for other programs when the budget is "free memory"
+  int64_t margin_bytes = 128 * kMiB;   // held back inside the budget for what the plan cannot see
+  int64_t cuda_overhead_bytes = -1;    // CUDA context + kernel modules; -1: the arch table
   DType activation_dtype = DType::kBF16;  // the backend's activation dtype (CUDA BF16, CPU F32)
 };
 

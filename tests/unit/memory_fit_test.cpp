@@ -231,6 +231,7 @@ TEST(Fit, OnlyWhatTheLoaderCanDo) {
   RuntimeOptions o;
   o.gpu_memory_bytes = 8 * kGiB;
   o.can_offload = false;
+  o.can_quantize_fp8 = false;
   MemoryPlan p = plan_ok(preset("8b"), o);
   for (const Suggestion& s : p.suggestions) EXPECT_NE(s.change, FitChange::kOffloadLayers);
   Result<AutoFit> fit = auto_fit(preset("8b"), o, {});

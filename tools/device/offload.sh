@@ -9,6 +9,7 @@
 #              allocation model and the measured sm_90 row, 8B BF16 refused on 8 GiB, `qvl serve`
 #              4B-FP8 on a simulated 8 GB card (+ transformers in the same condition), 8B BF16 on
 #              8 GiB with --auto-fit and 4B BF16 on 6 GiB with offloaded layers (decode tok/s)
+#   offload  : only the --offload runs of `memory` (8B BF16 8 GiB --auto-fit, 4B BF16 6 GiB)
 #   grid     : the full 24-case plan-vs-measured grid (2B/4B x BF16/FP8 x 2k/8k x 0.5/1/2 MP)
 set -u
 cd "$(dirname "$0")/../.."
@@ -37,6 +38,7 @@ for s in "$@"; do
     gputests) step gputests 120 build-dev/qvl_gpu_tests --gtest_filter='GpuOffload*:GpuModel*:GpuGraphs*' ;;
     memory) step memory 280 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,4b,4b-fp8 \
               --contexts 2048 --megapixels 1 --refusal --serve-8gb --offload ;;
+    offload) step offload 240 python3 tools/bench/plan_vs_measured.py --out "$d" --presets "" --megapixels 1 --offload ;;
     grid) step grid 540 python3 tools/bench/plan_vs_measured.py --out "$d" ;;
     *) echo "offload.sh: unknown step $s" ;;
   esac
