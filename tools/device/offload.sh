@@ -10,6 +10,7 @@
 #              4B-FP8 on a simulated 8 GB card (+ transformers in the same condition), 8B BF16 on
 #              8 GiB with --auto-fit and 4B BF16 on 6 GiB with offloaded layers (decode tok/s)
 #   offload  : only the --offload runs of `memory` (8B BF16 8 GiB --auto-fit, 4B BF16 6 GiB)
+#   bench    : qvl bench 4B BF16 with 22 offloaded layers, decode batches 1 and 8 (recorded graphs)
 #   grid     : the full 24-case plan-vs-measured grid (2B/4B x BF16/FP8 x 2k/8k x 0.5/1/2 MP)
 set -u
 cd "$(dirname "$0")/../.."
@@ -39,6 +40,10 @@ for s in "$@"; do
     memory) step memory 280 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,4b,4b-fp8 \
               --contexts 2048 --megapixels 1 --refusal --serve-8gb --offload ;;
     offload) step offload 240 python3 tools/bench/plan_vs_measured.py --out "$d" --presets "" --megapixels 1 --offload ;;
+    bench) build-dev/qvl gen-model --preset 4b --seed 1 --out "$work/4b-bench" >/dev/null 2>&1
+           step bench 120 build-dev/qvl bench "$work/4b-bench" --offload-layers 22 --batch 1,8 --gen-tokens 16 \
+             --repeat 2 --out "$d/bench_4b_offload22.json"
+           rm -rf "$work/4b-bench" ;;
     grid) step grid 540 python3 tools/bench/plan_vs_measured.py --out "$d" ;;
     *) echo "offload.sh: unknown step $s" ;;
   esac
