@@ -6,15 +6,22 @@
 // (those bytes over a device-to-device copy bandwidth measured here, counting read + write).
 //
 //   qvl bench MODEL|--model M [--image-size 1024x768|none] [--prompt-tokens 24] [--gen-tokens 64]
-//             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--out FILE]
+//             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--profile] [--out FILE]
 //
 // The prompt is the chat-templated shape of one image + N text tokens; pixel values and text ids
 // are synthetic (timings do not depend on values). Timings are medians of --repeat runs after a
 // warm-up; the host clock is read after a synchronize.
+//
+// --profile (CUDA) then runs the vision encoder, the TTFT path and one decode step per batch
+// size once more with every launch timed by CUDA events (eager, no graphs; the stream is held
+// while the host queues the launches, so these are device times) and prints a per-op table to
+// stderr for each (op, calls, µs, share, GB/s and TFLOP/s against the op's minimum bytes and
+// FLOPs); the JSON gets the same rows under "profile".
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -54,6 +61,8 @@ struct BenchOptions {
   int gpu = 0;
   bool no_graphs = false;
   int offload_layers = 0;
+  bool profile = false;
+  std::string skinny;  // "variant[,depth[,split]]"
   std::string out;
 };
 
@@ -105,6 +114,53 @@ int64_t decode_weight_bytes(const ModelWeights& w, int64_t batch) {
   return b;
 }
 
+#ifdef QVL_HAVE_CUDA
+// One profile table: launches grouped by op label, largest total first, printed to stderr.
+json profile_table(const std::string& title, const std::vector<CudaKernelTime>& times) {
+  struct Row {
+    std::string op, kernel;
+    int calls = 0;
+    double us = 0, bytes = 0, flops = 0;
+  };
+  std::vector<Row> rows;
+  std::map<std::string, size_t> index;
+  double total = 0, span = 0;
+  for (const CudaKernelTime& t : times) {
+    auto [it, fresh] = index.emplace(t.op, rows.size());
+    if (fresh) rows.push_back({t.op, t.kernel});
+    Row& r = rows[it->second];
+    if (r.kernel.find(t.kernel) == std::string::npos) r.kernel += "," + t.kernel;
+    r.calls += 1;
+    r.us += t.us;
+    r.bytes += t.bytes;
+    r.flops += t.flops;
+    total += t.us;
+    span = std::max(span, t.start_us + t.us);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.us > b.us; });
+  std::fprintf(stderr, "\n== profile: %s: %zu launches, %.1f us in kernels, %.1f us first start to last end ==\n",
+               title.c_str(), times.size(), total, span);
+  std::fprintf(stderr, "%10s %6s %6s %9s %8s %8s  %s\n", "total_us", "share", "calls", "mean_us", "GB/s", "TFLOP/s",
+               "op [kernels]");
+  json out = json::array();
+  for (const Row& r : rows) {
+    const double gbps = r.bytes > 0 ? r.bytes / (r.us * 1e-6) / 1e9 : 0.0;
+    const double tflops = r.flops > 0 ? r.flops / (r.us * 1e-6) / 1e12 : 0.0;
+    std::fprintf(stderr, "%10.1f %5.1f%% %6d %9.2f %8.0f %8.1f  %s [%s]\n", r.us, 100.0 * r.us / total, r.calls,
+                 r.us / r.calls, gbps, tflops, r.op.c_str(), r.kernel.c_str());
+    out.push_back({{"op", r.op},
+                   {"kernels", r.kernel},
+                   {"calls", r.calls},
+                   {"us", r.us},
+                   {"bytes", r.bytes},
+                   {"flops", r.flops},
+                   {"gbps", gbps},
+                   {"tflops", tflops}});
+  }
+  return json{{"title", title}, {"launches", times.size()}, {"kernel_us", total}, {"span_us", span}, {"ops", out}};
+}
+#endif
+
 // Deterministic pixel values in [-1, 1].
 std::vector<float> synthetic_pixels(int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -151,6 +207,17 @@ Status run_bench(const BenchOptions& o) {
     QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(o.gpu));
     CudaBackendOptions opts;
     opts.device = o.gpu;
+    if (!o.skinny.empty()) {
+      std::vector<int> v;
+      std::stringstream in(o.skinny);
+      std::string item;
+      while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
+      if (v.empty() || v.size() > 3)
+        return invalid_argument("--cuda-skinny " + o.skinny + ": expected variant[,depth[,split]]");
+      opts.skinny_variant = v[0];
+      opts.skinny_depth = v.size() > 1 ? v[1] : 0;
+      opts.skinny_split = v.size() > 2 ? v[2] : 0;
+    }
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},
@@ -217,15 +284,18 @@ Status run_bench(const BenchOptions& o) {
   struct StepInputs {
     Tensor ids, logits_rows, positions, slots, query_start, context_len, page_table, logits;
   };
+  // ids, positions, slots and context_len are adjacent ([rows | 3 rows | rows | seqs] I32), so
+  // that a decode step's inputs arrive in one copy.
   auto make_inputs = [&](int64_t rows, int64_t seqs) {
     Arena in(input_buf.data(), input_buf.size(), be.device(), "bench inputs");
     StepInputs s;
-    s.ids = in.alloc(DType::kI32, {rows});
+    Tensor step = in.alloc(DType::kI32, {5 * rows + seqs});
+    s.ids = step.rows(0, rows);
+    s.positions = step.rows(rows, 4 * rows).reshape({rows, 3});
+    s.slots = step.rows(4 * rows, 5 * rows);
+    s.context_len = step.rows(5 * rows, 5 * rows + seqs);
     s.logits_rows = in.alloc(DType::kI32, {seqs});
-    s.positions = in.alloc(DType::kI32, {rows, 3});
-    s.slots = in.alloc(DType::kI32, {rows});
     s.query_start = in.alloc(DType::kI32, {seqs + 1});
-    s.context_len = in.alloc(DType::kI32, {seqs});
     s.page_table = in.alloc(DType::kI32, {seqs, P});
     s.logits = Tensor(logits_buf.data(), act, {seqs, tc.vocab_size}, be.device());
     return s;
@@ -245,6 +315,19 @@ Status run_bench(const BenchOptions& o) {
     }
     vision_ms = median(runs);
   }
+  json profiles = json::array();
+#ifdef QVL_HAVE_CUDA
+  const bool profile = o.profile && o.backend == "cuda";
+  if (profile && with_image) {
+    arena.reset();
+    be.synchronize();
+    cuda_profile_start(be, 50.0);
+    QVL_ASSIGN_OR_RETURN(VisionOutput vis, model->encode_images(images, arena));
+    (void)vis;
+    profiles.push_back(
+        profile_table("vision encoder, " + std::to_string(grid.num_patches()) + " patches", cuda_profile_stop(be)));
+  }
+#endif
 
   // ---- prefill of sequence 0 (whole prompt in one step), and TTFT = vision + prefill + argmax ----
   auto prefill = [&](int32_t* first_token) -> Status {
@@ -304,6 +387,15 @@ Status run_bench(const BenchOptions& o) {
   }
   const double ttft_ms = median(ttft_runs);
   const double prefill_ms = std::max(0.0, ttft_ms - vision_ms);
+#ifdef QVL_HAVE_CUDA
+  if (profile) {
+    be.synchronize();
+    cuda_profile_start(be, 50.0);
+    QVL_RETURN_IF_ERROR(prefill(&first));
+    profiles.push_back(profile_table("TTFT (vision + prefill of " + std::to_string(L) + " tokens + logits to host)",
+                                     cuda_profile_stop(be)));
+  }
+#endif
   arena.reset();
 
   // ---- decode per batch size ----
@@ -324,30 +416,23 @@ Status run_bench(const BenchOptions& o) {
     be.copy_to_device(s.query_start, qs.data());
     be.copy_to_device(s.logits_rows, rows.data());
     be.copy_to_device(s.page_table, table.data());
-    // Inputs of every step staged on the device once; each step copies its slice (device to
-    // device, asynchronous) into the fixed tensors.
-    const int steps = 4 + o.gen_tokens + std::min(o.gen_tokens, 32);
-    std::vector<int32_t> h_ids, h_pos, h_slots, h_ctx;
+    // Inputs of every step staged on the device once, each step's [ids | positions | slots |
+    // context_len] block (6B I32) laid out as make_inputs places them; a step copies its block
+    // (one device-to-device copy, asynchronous) into the fixed tensors.
+    const int steps = 4 + o.gen_tokens + std::min(o.gen_tokens, 32) + 1;  // + one profiled step
+    std::vector<int32_t> h_stage;
     for (int st = 0; st < steps; ++st) {
       const int64_t n = L + st;  // absolute index of this step's token
       const int32_t p = static_cast<int32_t>(decode_position(n, pos.rope_delta));
-      for (int b = 0; b < B; ++b) {
-        h_ids.push_back(first);
-        for (int a = 0; a < 3; ++a) h_pos.push_back(p);
-        h_slots.push_back(static_cast<int32_t>(b * P * page + n));
-        h_ctx.push_back(static_cast<int32_t>(n + 1));
-      }
+      for (int b = 0; b < B; ++b) h_stage.push_back(first);
+      for (int b = 0; b < 3 * B; ++b) h_stage.push_back(p);
+      for (int b = 0; b < B; ++b) h_stage.push_back(static_cast<int32_t>(b * P * page + n));
+      for (int b = 0; b < B; ++b) h_stage.push_back(static_cast<int32_t>(n + 1));
     }
-    const int64_t per = static_cast<int64_t>(steps) * B;
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer stage_buf, be.allocate(static_cast<size_t>(per) * 6 * 4, "bench staging"));
-    Tensor g_ids(stage_buf.data(), DType::kI32, {per}, be.device());
-    Tensor g_pos(static_cast<int32_t*>(stage_buf.data()) + per, DType::kI32, {per, 3}, be.device());
-    Tensor g_slots(static_cast<int32_t*>(stage_buf.data()) + 4 * per, DType::kI32, {per}, be.device());
-    Tensor g_ctx(static_cast<int32_t*>(stage_buf.data()) + 5 * per, DType::kI32, {per}, be.device());
-    be.copy_to_device(g_ids, h_ids.data());
-    be.copy_to_device(g_pos, h_pos.data());
-    be.copy_to_device(g_slots, h_slots.data());
-    be.copy_to_device(g_ctx, h_ctx.data());
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer stage_buf, be.allocate(h_stage.size() * 4, "bench staging"));
+    Tensor g_stage(stage_buf.data(), DType::kI32, {static_cast<int64_t>(steps), 6LL * B}, be.device());
+    be.copy_to_device(g_stage, h_stage.data());
+    Tensor step_block(s.ids.data, DType::kI32, {1, 6LL * B}, be.device());
 
     TextBatch batch{B,
                     B,
@@ -363,10 +448,7 @@ Status run_bench(const BenchOptions& o) {
     in.logits_rows = s.logits_rows;
     const std::string key = "bench/decode/b" + std::to_string(B) + "/p" + std::to_string(P);
     auto step = [&](int st) {
-      be.copy(s.ids, g_ids.rows(st * B, st * B + B));
-      be.copy(s.positions, g_pos.rows(st * B, st * B + B));
-      be.copy(s.slots, g_slots.rows(st * B, st * B + B));
-      be.copy(s.context_len, g_ctx.rows(st * B, st * B + B));
+      be.copy(step_block, g_stage.rows(st, st + 1));
       auto fwd = [&] { model->forward(batch, in, cache, s.logits, arena); };
       if (o.no_graphs)
         fwd();
@@ -411,6 +493,14 @@ Status run_bench(const BenchOptions& o) {
       (void)checksum;
     }
     const double sync_step_ms = ms_since(t) / sync_steps;
+#ifdef QVL_HAVE_CUDA
+    if (profile) {
+      be.synchronize();
+      cuda_profile_start(be, 20.0);
+      step(st++);
+      profiles.push_back(profile_table("decode step, batch " + std::to_string(B), cuda_profile_stop(be)));
+    }
+#endif
     // Bytes of the timed steps: weights once per step, each sequence's KV (average context).
     const double avg_ctx = static_cast<double>(L) + 4 + o.gen_tokens / 2.0;
     const double bytes = static_cast<double>(decode_weight_bytes(model->weights(), B)) + B * avg_ctx * kv_token_bytes;
@@ -488,6 +578,7 @@ Status run_bench(const BenchOptions& o) {
   out["kv_bytes_per_token"] = kv_token_bytes;
   out["offload"] = {
       {"layers", offload.layers}, {"host_bytes", offload.host_bytes}, {"staging_bytes", offload.staging_bytes}};
+  if (!profiles.empty()) out["profile"] = profiles;
 #ifdef QVL_HAVE_CUDA
   if (!memory.is_null()) out["memory"] = memory;
 #endif
@@ -518,6 +609,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
+  app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
+  app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {
     Status s = run_bench(*o);

@@ -236,7 +236,7 @@ TEST(GpuOps, TextDecodeAttention) {
   std::vector<std::pair<int, int>> many;
   std::uniform_int_distribution<int> d(1, 600);
   for (int i = 0; i < 40; ++i) many.push_back({1, d(rng())});
-  run_text_attention("text_attention decode", many, 16, 8, 128);  // 3 splits
+  run_text_attention("text_attention decode", many, 16, 8, 128);  // unsplit (320 blocks)
   std::vector<std::pair<int, int>> lots;
   for (int i = 0; i < 200; ++i) lots.push_back({1, 1 + i % 37});
   run_text_attention("text_attention decode", lots, 16, 8, 128);  // unsplit

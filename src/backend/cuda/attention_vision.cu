@@ -55,14 +55,14 @@ struct SegmentPolicy {
 template <int HD>
 void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
   constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
-  launch(ctx, "vision_attention", flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>>, dim3(tiles, prm.heads),
+  launch(ctx, "vision_attention", flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2>, dim3(tiles, prm.heads),
          dim3(kVisionWarps * 32), smem, prm, scale * 1.4426950408889634f);
 }
 
 template <int HD>
 void configure() {
   constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>>,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 

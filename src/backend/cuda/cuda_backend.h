@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -47,16 +48,24 @@ struct CudaBackendOptions {
   // Programmatic dependent launch on sm_90+: a kernel may start (and stream its weights)
   // while the previous one finishes.
   bool programmatic_launch = true;
-  // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them
-  // (decode: two launches fewer per layer); results are the same either way.
+  // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
+  // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
+  // layer); results are the same either way up to the fp32 summation order of RMSNorm.
   bool fuse_prologues = true;
+  // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny): 0 = per-shape
+  // defaults; 1 = one 16-row tile per block; 2 = streaming warps (depth, split; 0 = default).
+  int skinny_variant = 0;
+  int skinny_depth = 0;
+  int skinny_split = 0;
 };
 
 // Decode attention splits each (sequence, kv head) over at most kDecodeMaxSplits blocks, and
-// only while sequences x kv heads x splits <= kDecodeSplitBlocks; larger batches run unsplit
-// and need no scratch.
+// only while sequences x kv heads x splits <= kDecodeSplitBlocks (about two blocks per
+// multiprocessor); larger batches run unsplit and need no scratch. Measured on an H200 with
+// the fused q/k prepare, 2B, context ~900: 256 gives 28 us per layer at 8 sequences against
+// 38 us with 1024, and the same 74 us at 32.
 inline constexpr int kDecodeMaxSplits = 32;
-inline constexpr int kDecodeSplitBlocks = 1024;
+inline constexpr int kDecodeSplitBlocks = 256;
 
 // Device bytes the backend allocates for itself when made (all workspaces and scratch; not the
 // CUDA context and module code, which the planner measures as a constant).
@@ -100,5 +109,23 @@ struct CudaMemoryStats {
 };
 // Stats of `backend`, which must have been made by make_cuda_backend.
 CudaMemoryStats cuda_memory_stats(const Backend& backend);
+
+// Per-launch device times (`qvl bench --profile`). Between start and stop every kernel launch,
+// cuBLASLt call and device copy of the backend is bracketed by CUDA events, run_graph runs its
+// ops eagerly (no capture: events and graphs do not mix), and each record carries the backend
+// op that launched it ("linear 1x2048->4096 bf16 +rms_norm"), with the bytes that op must move
+// and the FLOPs it must compute on its first launch (0 where not counted). hold_ms first spins
+// the stream so the host queues the profiled launches ahead of the device: the times are then
+// device times, including no host launch cost (but no launch overlap either).
+struct CudaKernelTime {
+  std::string op;       // the backend op and its shapes
+  std::string kernel;   // the launch's name
+  double us = 0;        // device time of the launch
+  double start_us = 0;  // since the first record's start
+  double bytes = 0;     // the op's minimum device-memory traffic (first launch of the op only)
+  double flops = 0;     // the op's arithmetic (first launch of the op only)
+};
+void cuda_profile_start(Backend& backend, double hold_ms);
+std::vector<CudaKernelTime> cuda_profile_stop(Backend& backend);
 
 }  // namespace qvl

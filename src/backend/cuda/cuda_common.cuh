@@ -73,7 +73,9 @@ void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...)
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
+  if (ctx.profiler) ctx.profiler->before(name);
   QVL_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name);
+  if (ctx.profiler) ctx.profiler->after();
 }
 
 // ---- numeric helpers ----

@@ -136,8 +136,17 @@ struct KvIsFp8 : std::false_type {};
 template <class P>
 struct KvIsFp8<P, std::void_t<decltype(P::kFp8Kv)>> : std::bool_constant<P::kFp8Kv> {};
 
-template <int HD, int WARPS, class P>
-__global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Params prm, float scale_log2) {
+// 2^x on the special-function unit, subnormal results flushed to zero (p below 2^-126
+// contributes nothing a BF16 P can carry into the sum anyway).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__).
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
   using D = Dims<HD>;
   constexpr int BM = 16 * WARPS, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
   extern __shared__ uint4 smem_raw[];
@@ -218,30 +227,41 @@ __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Par
       }
     }
 
-    // Scale into the log2 domain, mask, and update the running max and sum.
+    // Mask, and update the running max (log2 domain: scaled by scale_log2 > 0, so the max of
+    // the raw scores scales to the max of the scaled ones) and sum; p = exp2(s * scale - m) is
+    // one FFMA and one EX2. Only a tile that reaches past the keys or past this warp's first
+    // row's causal limit needs the mask.
     float mx[2] = {-INFINITY, -INFINITY};
+    const bool masked = (kt + 1) * BN > tile.kn || (kt + 1) * BN - 1 > warp * 16 + tile.causal_offset;
+    if (masked) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kt * BN + n * 8 + 2 * t + (e & 1);
-        const int row = row_lo + (e >> 1) * 8;
-        const bool visible = key < tile.kn && key <= row + tile.causal_offset;
-        s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        for (int e = 0; e < 4; ++e) {
+          const int key = kt * BN + n * 8 + 2 * t + (e & 1);
+          const int row = row_lo + (e >> 1) * 8;
+          const bool visible = key < tile.kn && key <= row + tile.causal_offset;
+          s[n][e] = visible ? s[n][e] : -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
       }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
     }
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
+      const float m_new = fmaxf(m[r], mx[r] * scale_log2);
       // A row that has seen no visible key yet keeps m = -inf; use 0 as its base (all p = 0).
       const float base = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - base);
+      alpha[r] = exp2_ftz(m[r] - base);
       m[r] = m_new;
-      mx[r] = base;
+      mx[r] = -base;
       l[r] *= alpha[r];
     }
 #pragma unroll
@@ -257,7 +277,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_kernel(const typename P::Par
       float p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[e] = exp2f(s[n][e] - mx[e >> 1]);
+        p[e] = exp2_ftz(fmaf(s[n][e], scale_log2, mx[e >> 1]));
         l[e >> 1] += p[e];
       }
       pf[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p[0], p[1]);

@@ -7,16 +7,83 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 namespace qvl::cuda {
+
+using KernelTime = CudaKernelTime;
+
+// Times launches with CUDA event pairs while `qvl bench --profile` runs (profile.cu). The
+// backend names the op (and the bytes / FLOPs it must move) before launching; every launch
+// through launch() (and each cuBLASLt call and copy) becomes one record.
+class OpProfiler {
+ public:
+  explicit OpProfiler(cudaStream_t stream);
+  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+
+  void set_op(std::string label, double bytes, double flops);
+  void before(const char* kernel);
+  void after();
+  // Spins the stream for `ms` so the host can queue what follows ahead of the device.
+  void hold(double ms);
+  // Waits for the stream, returns the records (in launch order) and forgets them.
+  std::vector<KernelTime> collect();
+
+ private:
+  struct Record {
+    std::string op;
+    const char* kernel = "";
+    double bytes = 0, flops = 0;
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  cudaEvent_t event();
+
+  cudaStream_t stream_;
+  std::vector<Record> records_;
+  std::vector<cudaEvent_t> pool_;
+  size_t used_ = 0;
+  std::string op_;
+  double bytes_ = 0, flops_ = 0;
+};
+
+// Which decode Linear kernel runs (skinny.cu): 0 = the default for the shape. Benchmarks set it
+// to compare: variant 1 = one 16-row tile per block, K over the 8 warps; 2 = streaming warps
+// (depth = chunks in flight per warp, split = warps sharing one row tile's K).
+struct SkinnyTuning {
+  int variant = 0;
+  int depth = 0;
+  int split = 0;
+};
 
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool pdl = false;  // programmatic dependent launch (sm_90+ and enabled)
   int num_sms = 1;
+  OpProfiler* profiler = nullptr;  // non-null while profiling
+  SkinnyTuning skinny;
+};
+
+// Brackets work that does not go through launch() (cuBLASLt, copies) when profiling.
+class ProfileRange {
+ public:
+  ProfileRange(const LaunchContext& ctx, const char* what) : prof_(ctx.profiler) {
+    if (prof_) prof_->before(what);
+  }
+  ~ProfileRange() {
+    if (prof_) prof_->after();
+  }
+  ProfileRange(const ProfileRange&) = delete;
+  ProfileRange& operator=(const ProfileRange&) = delete;
+
+ private:
+  OpProfiler* prof_;
 };
 
 // ---- elementwise.cu ----
@@ -53,6 +120,14 @@ struct SkinnyPrologue {
   float eps = 0;
 };
 inline constexpr int kFusedPrologueMaxRows = 8;
+// The prologue's x lives in shared memory (n x K BF16, beside the kernel's own 4.6 KiB).
+inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
+// Every block of the Linear recomputes the prologue: past a few waves of blocks (lm_head: 9496
+// row tiles) a separate RMSNorm launch costs less (measured: lm_head + norm 172 us fused, 140 us
+// alone on an H200).
+inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
+  return (out_features + 15) / 16 <= 8LL * num_sms;
+}
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
 
@@ -64,7 +139,8 @@ void configure_text_attention();
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                              int num_heads, int head_dim, float scale);
 
-// ---- attention_text.cu ----
+// ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
+void configure_decode_attention();
 struct MropeParams {
   float inv_freq[128];
   uint8_t axis[128];
@@ -77,8 +153,18 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
 // Split-K over the cache: `partial` holds the splits' fp32 partials, `counters` (zero, and left
 // zero) one arrival counter per (sequence, kv head); the last split to finish merges.
+// `prepare` non-null: the kernel also does text_qkv_prepare's work for the step's rows (q/k
+// RMSNorm + M-RoPE, K/V into the cache at batch.slots; q is not written back to qkv), which
+// requires decode_attention_fusable(shape).
+struct FusedPrepare {
+  Tensor q_norm, k_norm;  // [head_dim] F32 or BF16
+  float eps = 0;
+  MropeParams rope;
+};
+bool decode_attention_fusable(const TextAttentionShape& shape);
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                   const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
-                                  float* partial, size_t partial_bytes, uint32_t* counters);
+                                  float* partial, size_t partial_bytes, uint32_t* counters,
+                                  const FusedPrepare* prepare = nullptr);
 
 }  // namespace qvl::cuda

@@ -1,6 +1,8 @@
-// RMSNorm and LayerNorm over the last dimension, one block per row. Rows up to 8192 wide
-// (multiples of 8) stay in registers between the statistics and the output pass; other widths
-// take a two-pass scalar path. Numerics follow the reference:
+// RMSNorm and LayerNorm over the last dimension. Rows up to 4096 wide (multiples of 8): one warp
+// per row, the row held in registers as packed BF16 between the statistics (warp shuffles, no
+// barrier) and the output pass, 8 rows per block. Rows up to 8192 wide: one block per row, the
+// same in registers across 128 threads. Other widths take a two-pass scalar path. Numerics follow
+// the reference:
 //   RMSNorm   out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))   (normalise, round, then weight)
 //   LayerNorm out = bf16((x - mean) * rsqrt(var + eps) * w + b)    (fp32 throughout, biased var)
 #include "backend/cuda/cuda_common.cuh"
@@ -26,6 +28,14 @@ __device__ float block_sum(float v, float* shared) {
 template <typename W>
 __device__ __forceinline__ float load_w(const W* w, int64_t i) {
   return static_cast<float>(w[i]);
+}
+// 8 consecutive weights from index i (i % 8 == 0) as floats: two float4 or one 16-byte BF16 load.
+__device__ __forceinline__ void load_w8(const float* w, int64_t i, float (&f)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(w + i)), b = __ldg(reinterpret_cast<const float4*>(w + i + 4));
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void load_w8(const bf16* w, int64_t i, float (&f)[8]) {
+  unpack8(__ldg(reinterpret_cast<const uint4*>(w + i)), f);
 }
 
 template <typename W, bool kLayer>
@@ -89,6 +99,65 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+// One warp per row: lane l holds vectors l, l + 32, ... (VPL of them, 8 BF16 each).
+template <typename W, bool kLayer, int VPL>
+__global__ void __launch_bounds__(256)
+    norm_warp_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t rows, int64_t dim, float eps) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * 8LL + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int nvec = static_cast<int>(dim / 8);
+  const uint4* x4 = reinterpret_cast<const uint4*>(x + row * dim);
+  uint4 raw[VPL];
+#pragma unroll
+  for (int i = 0; i < VPL; ++i) {
+    const int vi = lane + 32 * i;
+    raw[i] = vi < nvec ? x4[vi] : make_uint4(0, 0, 0, 0);
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPL; ++i) {
+    float v[8];
+    unpack8(raw[i], v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += kLayer ? v[e] : v[e] * v[e];
+  }
+  const float total = warp_sum(s);
+  float mean = 0.0f, rstd;
+  if (kLayer) {
+    mean = total / static_cast<float>(dim);
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+      if (lane + 32 * i < nvec) {
+        float v[8];
+        unpack8(raw[i], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q += (v[e] - mean) * (v[e] - mean);
+      }
+    }
+    rstd = rsqrtf(warp_sum(q) / static_cast<float>(dim) + eps);
+  } else {
+    rstd = rsqrtf(total / static_cast<float>(dim) + eps);
+  }
+  uint4* o4 = reinterpret_cast<uint4*>(out + row * dim);
+#pragma unroll
+  for (int i = 0; i < VPL; ++i) {
+    const int vi = lane + 32 * i;
+    if (vi < nvec) {
+      float v[8], w[8], b[8], o[8];
+      unpack8(raw[i], v);
+      load_w8(weight, vi * 8, w);
+      if (kLayer) load_w8(bias, vi * 8, b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = kLayer ? (v[e] - mean) * rstd * w[e] + b[e] : w[e] * bf16_round(v[e] * rstd);
+      o4[vi] = pack8(o);
+    }
+  }
+}
+
 template <typename W, bool kLayer>
 __global__ void __launch_bounds__(kNormThreads)
     norm_scalar_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t dim, float eps) {
@@ -143,7 +212,20 @@ void run_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tenso
     using W = decltype(tag);
     const W* w = weight.as<W>();
     const W* b = kLayer ? bias.as<W>() : nullptr;
-    if (vec) {
+    const int64_t nvec = dim / 8;
+    if (vec && nvec <= 32 * 16) {
+      const dim3 grid(ceil_div(rows, 8)), block(256);
+      const char* name = kLayer ? "layer_norm" : "rms_norm";
+      if (nvec <= 32 * 4)
+        launch(ctx, name, norm_warp_kernel<W, kLayer, 4>, grid, block, 0, out.as<bf16>(), x.as<bf16>(), w, b,
+               int64_t{rows}, dim, eps);
+      else if (nvec <= 32 * 8)
+        launch(ctx, name, norm_warp_kernel<W, kLayer, 8>, grid, block, 0, out.as<bf16>(), x.as<bf16>(), w, b,
+               int64_t{rows}, dim, eps);
+      else
+        launch(ctx, name, norm_warp_kernel<W, kLayer, 16>, grid, block, 0, out.as<bf16>(), x.as<bf16>(), w, b,
+               int64_t{rows}, dim, eps);
+    } else if (vec) {
       launch(ctx, kLayer ? "layer_norm" : "rms_norm", norm_vec_kernel<W, kLayer>, dim3(rows), dim3(kNormThreads), 0,
              out.as<bf16>(), x.as<bf16>(), w, b, dim, eps);
     } else {

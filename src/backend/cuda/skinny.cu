@@ -1,181 +1,15 @@
-// Linear for few rows (decode: 1..32 tokens): out[n, N] = epilogue(x[n, K] · W[N, K]ᵀ).
-// Memory-bound: every weight byte is read exactly once, so the kernel is built around the
-// weight stream and the tensor cores only do the (cheap) arithmetic.
-//
-// Layout ("swap AB"): a block owns 16 weight rows and all n tokens; its 8 warps split K into
-// 128-wide chunks (warp w takes chunks w, w+8, ...), and each warp runs mma.m16n8k16 with the
-// 16 weight rows as A and up to 4 tiles of 8 tokens as B. K is permuted inside each 16-wide
-// k-step so that both operands come straight from 16-byte global loads with no shuffles: lane
-// (g = lane/4, t = lane%4) loads 8 consecutive BF16 (16 consecutive FP8) of weight rows g and
-// g+8 and of token g, and the A/B fragment slots {2t, 2t+1, 2t+8, 2t+9} are filled from
-// consecutive physical columns. Because A and B use the same permutation, the dot products
-// are unchanged. The next chunk's weights are loaded while the current one is multiplied.
-//
-// FP8 weights are widened to BF16 in registers exactly (e4m3 bits placed into bf16, times
-// 2^120 in bf16, which keeps subnormals exact); each 128-wide chunk is one scale block along
-// K, so its partial sum is multiplied by the block scale in fp32 before it joins the total.
-// The 8 warps' partials meet in shared memory; the epilogue rounds like the reference:
-// v = bf16(acc + bias); v = bf16(act(v)); v = bf16(residual + v).
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_common.cuh"
+// The decode Linear (kernels.h launch_skinny_linear): the one-tile kernel, the choice of kernel
+// per shape, and the launcher. The math both kernels share is in skinny_common.cuh; the
+// persistent streaming kernel in skinny_stream.cu.
+#include "backend/cuda/skinny_common.cuh"
 
 namespace qvl::cuda {
+namespace skinny {
 namespace {
-
-constexpr int kWarps = 8;
-constexpr int kRows = 16;
-constexpr int kChunk = 128;
-
-__device__ __forceinline__ uint4 load16(const void* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
-// Weights are read once: keep them out of L1.
-__device__ __forceinline__ uint4 load16_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-struct SkinnyParams {
-  const void* w;       // [N, K] bf16 or fp8
-  const float* scale;  // fp8: [*, scale_cols] dequantisation multipliers
-  int scale_cols;
-  int rows_per_scale;    // 128 (block scales) or 1 (one scale row per weight row)
-  const bf16* x;         // [n, K]
-  bf16* out;             // [n, N]
-  const bf16* bias;      // [N] or null
-  const bf16* residual;  // [n, N] or null (may alias out)
-  int n, N, K;
-  int act;
-  // Prologue (kRmsNorm / kSiluMul): x is computed from src; x above is where it is written.
-  const bf16* src;
-  bf16* x_out;  // = x, writable: where the prologue's result is written
-  const void* norm_w;
-  bool norm_w_f32;
-  float eps;
-};
-
-// Shared state of the prologues: 1/rms of each row for kRmsNorm.
-struct PrologueSmem {
-  float rstd[kFusedPrologueMaxRows];
-};
-
-// 8 consecutive x values of token `tok` at column k (k % 8 == 0, in range), as 4 bf16x2.
-template <int PRO>
-__device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, const PrologueSmem& ps) {
-  if constexpr (PRO == SkinnyPrologue::kNone) {
-    return load16(p.x + static_cast<int64_t>(tok) * p.K + k);
-  } else if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
-    // out = bf16(w * bf16(x * rstd)), as rms_norm writes it
-    float v[8], w[8];
-    unpack8(load16(p.src + static_cast<int64_t>(tok) * p.K + k), v);
-    if (p.norm_w_f32) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k + 4));
-      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-    } else {
-      unpack8(load16(static_cast<const bf16*>(p.norm_w) + k), w);
-    }
-    const float r = ps.rstd[tok];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = w[e] * bf16_round(v[e] * r);
-    return pack8(v);
-  } else {
-    // out = bf16(bf16(silu(g)) * u), as silu_mul writes it
-    float g[8], u[8];
-    const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
-    unpack8(load16(row + k), g);
-    unpack8(load16(row + p.K + k), u);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
-    return pack8(g);
-  }
-}
-
-// Runs after grid_dep_wait: computes the prologue's per-row state and writes this block's
-// share of x (blocks split the n*K/8 vectors evenly), so x ends up fully written.
-template <int PRO>
-__device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps) {
-  if constexpr (PRO != SkinnyPrologue::kNone) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
-      for (int tok = warp; tok < p.n; tok += kWarps) {
-        const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
-        float ss = 0.0f;
-        for (int v = lane; v < p.K / 8; v += 32) {
-          float f[8];
-          unpack8(load16(row + v), f);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) ps.rstd[tok] = rsqrtf(ss / static_cast<float>(p.K) + p.eps);
-      }
-    }
-    __syncthreads();
-    const int64_t vecs = static_cast<int64_t>(p.n) * (p.K / 8);
-    const int64_t per = (vecs + gridDim.x - 1) / gridDim.x;
-    const int64_t v0 = per * blockIdx.x, v1 = min(vecs, v0 + per);
-    for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-      const int tok = static_cast<int>(v / (p.K / 8)), k = static_cast<int>(v % (p.K / 8)) * 8;
-      reinterpret_cast<uint4*>(p.x_out + static_cast<int64_t>(tok) * p.K)[k / 8] = load_x8<PRO>(p, tok, k, ps);
-    }
-  }
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Two e4m3 bytes (selected by `sel` from w) -> one bf16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
-  const uint32_t a = __byte_perm(w, 0u, sel);  // [0, b_lo, 0, b_hi]: each byte in a half's high byte
-  const uint32_t bits = ((a & 0x7f007f00u) >> 4) | (a & 0x80008000u);  // e4m3 value * 2^-120, as bf16
-  const bf162 scaled = __hmul2(*reinterpret_cast<const bf162*>(&bits), __floats2bfloat162_rn(0x1p120f, 0x1p120f));
-  return *reinterpret_cast<const uint32_t*>(&scaled);
-}
-
-template <bool kFp8>
-struct Chunk {
-  static constexpr int kElems = kFp8 ? 16 : 8;          // elements per 16-byte load
-  static constexpr int kSteps = kChunk / (4 * kElems);  // loads per row per chunk (4 lanes per row)
-};
-
-// Loads the lane's weights of chunk c: w[2s] = row a, w[2s+1] = row b, for step s.
-template <bool kFp8>
-__device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int ra, int rb, int t,
-                                             uint4 (&w)[2 * Chunk<kFp8>::kSteps]) {
-  constexpr int E = Chunk<kFp8>::kElems;
-  const char* base = static_cast<const char*>(p.w);
-  const int esize = kFp8 ? 1 : 2;
-#pragma unroll
-  for (int s = 0; s < Chunk<kFp8>::kSteps; ++s) {
-    const int k = c * kChunk + s * 4 * E + t * E;
-    if (k < p.K) {
-      w[2 * s] = load16_stream(base + (static_cast<int64_t>(ra) * p.K + k) * esize);
-      w[2 * s + 1] = load16_stream(base + (static_cast<int64_t>(rb) * p.K + k) * esize);
-    } else {
-      w[2 * s] = make_uint4(0, 0, 0, 0);
-      w[2 * s + 1] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
 
 template <bool kFp8, int NT, int PRO>
 __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(const SkinnyParams p) {
   using C = Chunk<kFp8>;
-  constexpr int E = C::kElems;
   constexpr int S = C::kSteps;
   __shared__ float red[kWarps][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
@@ -196,61 +30,16 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
   uint4 wcur[2 * S], wnext[2 * S];
   int c = warp;
   if (c < nchunks) load_weights<kFp8>(p, c, ra, rb, t, wcur);  // weights: safe before the wait
+  PrologueWeights pw;
+  prefetch_prologue<PRO>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO>(p, pro_smem);
+  run_prologue<PRO>(p, pro_smem, pw);
 
   for (; c < nchunks; c += kWarps) {
     if (c + kWarps < nchunks) load_weights<kFp8>(p, c + kWarps, ra, rb, t, wnext);
     float part[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) part[j][e] = 0.0f;
-
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const int k = c * kChunk + s * 4 * E + t * E;
-      // Activations of this step: E consecutive columns of token 8j+g (zero past n or K).
-      uint4 xv[NT][kFp8 ? 2 : 1];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int tok = j * 8 + g;
-        const bool ok = tok < p.n && k < p.K;
-        xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
-        if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
-      }
-      if (kFp8) {
-        uint32_t wa[8], wb[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          wa[2 * i] = e4m3x2_to_bf16x2(word(wcur[2 * s], i), 0x1404);
-          wa[2 * i + 1] = e4m3x2_to_bf16x2(word(wcur[2 * s], i), 0x3424);
-          wb[2 * i] = e4m3x2_to_bf16x2(word(wcur[2 * s + 1], i), 0x1404);
-          wb[2 * i + 1] = e4m3x2_to_bf16x2(word(wcur[2 * s + 1], i), 0x3424);
-        }
-        // mma i covers physical columns 4i..4i+3 of the lane's 16.
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint4& xq = xv[j][i >> 1];
-            mma_bf16(part[j], wa[2 * i], wb[2 * i], wa[2 * i + 1], wb[2 * i + 1], word(xq, (i & 1) * 2),
-                     word(xq, (i & 1) * 2 + 1));
-          }
-        }
-      } else {
-        // mma h covers physical columns 4h..4h+3 of the lane's 8.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            mma_bf16(part[j], word(wcur[2 * s], 2 * h), word(wcur[2 * s + 1], 2 * h), word(wcur[2 * s], 2 * h + 1),
-                     word(wcur[2 * s + 1], 2 * h + 1), word(xv[j][0], 2 * h), word(xv[j][0], 2 * h + 1));
-          }
-        }
-      }
-    }
+    chunk_mma<kFp8, NT, PRO>(p, c, t, g, wcur, pro_smem, part);
     float sa = 1.0f, sb = 1.0f;
     if (kFp8) {
       sa = __ldg(p.scale + static_cast<int64_t>(ra / p.rows_per_scale) * p.scale_cols + c);
@@ -283,13 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += red[w][r][tok];
-    if (p.bias) v += __bfloat162float(p.bias[row]);
-    v = bf16_round(v);
-    if (p.act == static_cast<int>(Activation::kGeluTanh)) v = bf16_round(gelu_tanh(v));
-    if (p.act == static_cast<int>(Activation::kGeluErf)) v = bf16_round(gelu_erf(v));
-    const int64_t o = static_cast<int64_t>(tok) * p.N + row;
-    if (p.residual) v += __bfloat162float(p.residual[o]);
-    p.out[o] = __float2bfloat16_rn(v);
+    store_out(p, row, tok, v);
   }
 }
 
@@ -300,9 +83,11 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, 1, SkinnyPrologue::kRmsNorm>, grid, block, 0, p);
+      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, 1, SkinnyPrologue::kRmsNorm>, grid, block,
+             prologue_bytes(p), p);
     else
-      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, 1, SkinnyPrologue::kSiluMul>, grid, block, 0, p);
+      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, 1, SkinnyPrologue::kSiluMul>, grid, block,
+             prologue_bytes(p), p);
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
@@ -324,7 +109,27 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   }
 }
 
+// The kernel for one shape: ctx.skinny's fields where set (benchmarks), else the defaults from
+// the decode-shape sweep on an H200 (tools/bench/gemv_sweep.cu): the one-tile blocks, which
+// issue their whole share of weights at once and are replaced block after block, beat the
+// persistent streaming kernel on every shape (lm_head: 140 against 174 us) except tall ones
+// (>= 4096 row tiles, lm_head) over more than 16 rows, where their 4 token tiles need too many
+// registers: there the streaming warps with whole rows win (227 against 292 us at 32 rows).
+SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
+  SkinnyTuning t = ctx.skinny;
+  const int64_t tiles = ceil_div(p.N, kRows);
+  if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
+  if (t.variant == 1) return t;
+  if (t.split == 0) t.split = tiles >= 4096 ? 1 : kWarps;
+  if (t.depth == 0) t.depth = fp8 ? 4 : 2;
+  QVL_CHECK(t.split == 1 || t.split == 2 || t.split == 4 || t.split == 8) << "skinny split " << t.split;
+  return t;
+}
+
 }  // namespace
+}  // namespace skinny
+
+using namespace skinny;  // this file's own helpers
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro) {
@@ -384,9 +189,13 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_cols = static_cast<int>(scale.dim(1));
     p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
-    launch_nt<true>(ctx, p, pro.kind);
+  }
+  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
+  if (tune.variant == 1) {
+    fp8 ? launch_nt<true>(ctx, p, pro.kind) : launch_nt<false>(ctx, p, pro.kind);
   } else {
-    launch_nt<false>(ctx, p, pro.kind);
+    fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
+        : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);
   }
 }
 

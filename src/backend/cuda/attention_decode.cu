@@ -1,0 +1,634 @@
+// Decode attention (one new row per sequence) over the paged KV cache: split-K flash-decoding
+// on tensor cores.
+//
+// A block owns one (sequence, kv head, split) and all G = Hq/Hkv query heads of that group, so
+// each K/V row is read once for the group. The split count depends only on the number of
+// sequences (graph-safe); the keys of a split follow the actual context length, read on the
+// device. Keys go through shared memory in rounds of 64 (two stages, cp.async for a BF16 cache;
+// an FP8 cache is widened to BF16 on the way in). Each of the 4 warps takes 16 keys of a round
+// and runs its own online softmax, so warps never wait for each other inside a split:
+//   S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
+//   O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
+//                                                    FlashAttention and SDPA round it)
+// At the end the 4 warps' (m, l, O) merge in shared memory; with one split the block writes the
+// output, otherwise its partial (O, m, l), and the last split of a (sequence, kv head) to
+// arrive merges the splits (an arrival counter: no second kernel).
+//
+// The newest key of a sequence (context_len - 1, this step's row) never goes through the stages:
+// its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
+// there. Fused with text_qkv_prepare (the backend defers it into this kernel for decode
+// batches), the block computes them itself: q/k RMSNorm, M-RoPE and the cache store of the new
+// K and V happen here (by the block that owns the newest key), and q is rotated into shared
+// memory only (nothing else reads it). Unfused, they are read from qkv and the cache.
+//
+// Programmatic dependent launch: the keys before the newest one were written to the cache by
+// kernels that finished before the previous kernel passed its own grid_dep_wait, so they are
+// fetched before this kernel's grid_dep_wait; the newest key and q are read after it.
+#include "backend/cuda/attention_cache.cuh"
+#include "backend/cuda/cuda_backend.h"
+
+namespace qvl::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRound = 16 * kWarps;  // keys per round
+constexpr int kMaxGroup = 8;         // query heads per kv head (the mma's N)
+constexpr int kStages = 2;
+
+struct DecodeParams {
+  const bf16* qkv;
+  bf16* out;
+  float* partial;      // [num_seqs, hq, splits, hd + 2]
+  uint32_t* counters;  // [num_seqs * hkv] arrivals of the current step's splits (zero between steps)
+  const int32_t* query_start;
+  const int32_t* context_len;
+  const int32_t* page_table;
+  CacheGeometry cache;
+  int max_pages, hq, hkv, splits;
+  float scale_log2;
+  // Fused q/k-norm + M-RoPE + K/V store (text_qkv_prepare) of the step's new rows; else the
+  // rows' q is already rotated in qkv and their K/V are in the cache.
+  bool fused;
+  const void* q_norm;  // [hd] F32 or BF16
+  const void* k_norm;
+  bool norm_f32;
+  float eps;
+  const int32_t* positions;  // [n, 3]
+  const int32_t* slots;      // [n]
+  MropeParams rope;
+};
+
+// Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
+// an ldmatrix on distinct banks.
+template <int HD>
+constexpr int pitch() {
+  return HD * 2 + 16;
+}
+template <int HD>
+constexpr size_t decode_smem_bytes() {
+  // stages x (K, V) x keys x pitch, then q [8][pitch], the newest key's K and V [2][pitch],
+  // then P [warps][8 heads][16 keys + 8]
+  return static_cast<size_t>(kStages) * 2 * kRound * pitch<HD>() + (kMaxGroup + 2) * pitch<HD>() +
+         kWarps * kMaxGroup * 24 * sizeof(bf16);
+}
+
+// Keys per split for a context of `ctx` tokens: a multiple of 16, at least one round.
+__device__ __forceinline__ int split_len(int ctx, int splits) {
+  const int per = (ctx + splits - 1) / splits;
+  return max(kRound, (per + 15) / 16 * 16);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
+// (row r < kRound: K of key k0 + r; row kRound + r: V). BF16: cp.async, 16 bytes per thread
+// and step; FP8: 8-byte loads widened to BF16 and stored (synchronously).
+template <int HD, bool kFp8>
+__device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
+                                           int rows, int newest) {
+  constexpr int CPR = HD / 8;  // 8-element chunks per row
+  for (int c = threadIdx.x; c < 2 * rows * CPR; c += kThreads) {
+    const int rr = c / CPR, chunk = c % CPR;
+    const bool v = rr >= rows;
+    const int r = v ? rr - rows : rr;
+    const int j = k0 + r;
+    if (j == newest) continue;  // read from the newest-key buffer instead
+    const char* src = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, v);
+    char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
+    if constexpr (kFp8) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(src + chunk * 8);
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+        f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+      }
+      *reinterpret_cast<uint4*>(dst) = pack8(f);
+    } else {
+      cp_async16(dst, src + chunk * 16);
+    }
+  }
+}
+
+// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
+template <bool kFp8>
+__device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
+  if constexpr (kFp8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(row + chunk * 8);
+    float f[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+      f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+    }
+    return pack8(f);
+  } else {
+    return *reinterpret_cast<const uint4*>(row + chunk * 16);
+  }
+}
+
+// The value a cache element holds once v is stored (store_kv), as BF16.
+__device__ __forceinline__ bf16 as_cached(float v, int esize) {
+  return esize == 2 ? __float2bfloat16_rn(v)
+                    : __float2bfloat16_rn(fp8_e4m3_to_float_dev(float_to_fp8_e4m3_dev(bf16_round(v))));
+}
+
+// What a lane of the fused text_qkv_prepare needs besides qkv, all from host-written inputs
+// and weights, so it is gathered before the PDL wait: the row's slot, and for the lane's
+// rotary pairs (j, j + dh/2), j = lane + 32 i: cos/sin of the M-RoPE angle (rounded to BF16
+// like the reference's table) and the q/k norm weights.
+template <int HD>
+struct PrepLane {
+  static constexpr int kPairs = (HD / 2 + 31) / 32;
+  int32_t slot = -1;
+  float cs[kPairs], sn[kPairs], wq[2][kPairs], wk[2][kPairs];
+};
+
+template <int HD>
+__device__ __forceinline__ void prepare_inputs(const DecodeParams& p, int row, PrepLane<HD>& in) {
+  constexpr int kHalf = HD / 2;
+  const int lane = threadIdx.x & 31;
+  in.slot = p.slots[row];
+  const int32_t pos3[3] = {p.positions[row * 3], p.positions[row * 3 + 1], p.positions[row * 3 + 2]};
+#pragma unroll
+  for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
+    const int j = min(lane + 32 * i, kHalf - 1);  // lanes past the pairs compute a copy, unused
+    const int axis = p.rope.axis[j];
+    const float pos = static_cast<float>(axis == 0 ? pos3[0] : axis == 1 ? pos3[1] : pos3[2]);
+    float sn, cs;
+    sincosf(pos * p.rope.inv_freq[j], &sn, &cs);
+    in.cs[i] = bf16_round(cs);
+    in.sn[i] = bf16_round(sn);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int jj = j + h * kHalf;
+      in.wq[h][i] = p.norm_f32 ? static_cast<const float*>(p.q_norm)[jj]
+                               : __bfloat162float(static_cast<const bf16*>(p.q_norm)[jj]);
+      in.wk[h][i] = p.norm_f32 ? static_cast<const float*>(p.k_norm)[jj]
+                               : __bfloat162float(static_cast<const bf16*>(p.k_norm)[jj]);
+    }
+  }
+}
+
+// One warp of the fused text_qkv_prepare (attention_text.cu's kernel, the same numerics): task
+// h < group rotates q head kvh * group + h into qs; task group normalises and rotates the
+// newest key's k head kvh, task group + 1 copies its v head; both go to the cache (at the
+// row's slot, unless it is < 0) and, as the cache holds them, to nbuf.
+template <int HD>
+__device__ __forceinline__ void prepare_head(const DecodeParams& p, const bf16* qkv_row, const PrepLane<HD>& in,
+                                             int kvh, int group, int task, char* qs, char* nbuf) {
+  constexpr int kHalf = HD / 2;
+  constexpr int kPairs = PrepLane<HD>::kPairs;
+  const int lane = threadIdx.x & 31;
+  const int32_t slot = in.slot;
+  const int page = slot >= 0 ? slot / p.cache.page_size : 0, off = slot >= 0 ? slot % p.cache.page_size : 0;
+  const int esize = p.cache.esize;
+  if (task == group + 1) {  // v
+    const bf16* src = qkv_row + static_cast<int64_t>(p.hq + p.hkv + kvh) * HD;
+    char* dst = slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, true) : nullptr;
+    bf16* buf = reinterpret_cast<bf16*>(nbuf + pitch<HD>());
+    for (int d = lane; d < HD; d += 32) {
+      const float v = __bfloat162float(src[d]);
+      if (dst) store_kv(dst, d, v, esize);
+      buf[d] = as_cached(v, esize);
+    }
+    return;
+  }
+  const bool is_q = task < group;
+  const bf16* src = qkv_row + static_cast<int64_t>(is_q ? kvh * group + task : p.hq + kvh) * HD;
+  float a[kPairs], b[kPairs], ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + 32 * i;
+    a[i] = j < kHalf ? __bfloat162float(src[j]) : 0.0f;
+    b[i] = j < kHalf ? __bfloat162float(src[j + kHalf]) : 0.0f;
+    ss += a[i] * a[i] + b[i] * b[i];
+  }
+  const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(HD) + p.eps);
+  char* kdst = !is_q && slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, false) : nullptr;
+  bf16* out = is_q ? reinterpret_cast<bf16*>(qs + task * pitch<HD>()) : reinterpret_cast<bf16*>(nbuf);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= kHalf) continue;
+    const float x1 = bf16_round((is_q ? in.wq[0][i] : in.wk[0][i]) * bf16_round(a[i] * rstd));
+    const float x2 = bf16_round((is_q ? in.wq[1][i] : in.wk[1][i]) * bf16_round(b[i] * rstd));
+    const float cs = in.cs[i], sn = in.sn[i];
+    const float o1 = bf16_round(x1 * cs) + bf16_round(-x2 * sn);
+    const float o2 = bf16_round(x2 * cs) + bf16_round(x1 * sn);
+    if (is_q) {
+      out[j] = __float2bfloat16_rn(o1);
+      out[j + kHalf] = __float2bfloat16_rn(o2);
+    } else {
+      if (kdst) {
+        store_kv(kdst, j, o1, esize);
+        store_kv(kdst, j + kHalf, o2, esize);
+      }
+      out[j] = as_cached(o1, esize);
+      out[j + kHalf] = as_cached(o2, esize);
+    }
+  }
+}
+
+// Zeroes V rows [valid, kRound) of a stage: keys past the split's end get P = 0, and 0 times
+// whatever the stage held before (possibly NaN bits) must stay 0. K rows past the end are
+// masked to -inf before use and need nothing.
+template <int HD>
+__device__ __forceinline__ void zero_tail(char* stage, int valid) {
+  constexpr int CPR = HD / 8;
+  for (int c = threadIdx.x; c < (kRound - valid) * CPR; c += kThreads)
+    *reinterpret_cast<uint4*>(stage + (kRound + valid + c / CPR) * pitch<HD>() + (c % CPR) * 16) =
+        make_uint4(0, 0, 0, 0);
+}
+
+template <int HD, bool kFp8>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr int KS = HD / 16;  // k-steps of Q.K^T
+  constexpr int MT = HD / 16;  // 16-dim tiles of O^T
+  extern __shared__ __align__(16) char smem[];
+  char* kv = smem;                                             // [stage][2 * kRound rows][pitch]
+  char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
+  char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
+  bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ bool s_last;
+
+  const int seq = blockIdx.x / p.hkv, kvh = blockIdx.x % p.hkv, split = blockIdx.y;
+  const int group = p.hq / p.hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int ctx = p.context_len[seq];
+  const int len = split_len(ctx, p.splits);
+  const int k_begin = split * len, k_end = min(ctx, k_begin + len);
+  // An empty split returns (the merge never reads it), except split 0, which always reports
+  // (an empty context yields m = -inf, l = 0 and a zero output).
+  if (k_begin >= k_end && split != 0) {
+    grid_dep_wait();
+    grid_dep_launch();
+    return;
+  }
+  const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
+  const int nrounds = (k_end - k_begin + kRound - 1) / kRound;
+
+  // Round 0 without the newest key (ctx - 1), before the wait; then q and the newest key.
+  const int newest = ctx - 1;
+  const bool own_newest = newest >= k_begin && newest < k_end;
+  const int r0 = min(kRound, k_end - k_begin);
+  if (r0 > 0) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
+  zero_tail<HD>(kv, max(0, r0));
+  const int row = p.query_start[seq];
+  PrepLane<HD> prep;
+  if (p.fused) prepare_inputs<HD>(p, row, prep);
+  grid_dep_wait();
+  grid_dep_launch();
+  {
+    const int64_t ld = static_cast<int64_t>(p.hq + 2 * p.hkv) * HD;
+    const bf16* qkv_row = p.qkv + row * ld;
+    if (p.fused) {
+      // Tasks: q heads 0..group-1 (into qs), then the newest key's k and v (cache + nbuf).
+      for (int task = warp; task < group + (own_newest ? 2 : 0); task += kWarps)
+        prepare_head<HD>(p, qkv_row, prep, kvh, group, task, qs, nbuf);
+    } else {
+      const bf16* q = qkv_row + static_cast<int64_t>(kvh) * group * HD;
+      for (int c = threadIdx.x; c < kMaxGroup * (HD / 8); c += kThreads) {
+        const int h = c / (HD / 8), chunk = c % (HD / 8);
+        const uint4 v = h < group ? *reinterpret_cast<const uint4*>(q + h * HD + chunk * 8) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(qs + h * pitch<HD>() + chunk * 16) = v;
+      }
+      if (own_newest) {
+        for (int c = threadIdx.x; c < 2 * (HD / 8); c += kThreads) {
+          const bool v = c >= HD / 8;
+          const int chunk = c % (HD / 8);
+          const char* src = cache_row(p.cache, pt[newest / p.cache.page_size], newest % p.cache.page_size, kvh, HD, v);
+          *reinterpret_cast<uint4*>(nbuf + (v ? pitch<HD>() : 0) + chunk * 16) = load_kv_chunk<kFp8>(src, chunk);
+        }
+      }
+    }
+    if (p.fused) {  // q heads past the group are zero rows of the mma's B operand
+      for (int c = threadIdx.x; c < (kMaxGroup - group) * (HD / 8); c += kThreads)
+        *reinterpret_cast<uint4*>(qs + (group + c / (HD / 8)) * pitch<HD>() + (c % (HD / 8)) * 16) =
+            make_uint4(0, 0, 0, 0);
+    }
+  }
+  cp_async_commit();
+
+  float o[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[m][e] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // heads 2t, 2t+1
+  uint32_t qf[KS][2];
+  bf16* pw = ps + warp * kMaxGroup * 24;
+
+  for (int r = 0; r < nrounds; ++r) {
+    const int k0 = k_begin + r * kRound;
+    if (r + 1 < nrounds) {
+      const int k1 = k0 + kRound;
+      char* next = kv + ((r + 1) % kStages) * 2 * kRound * pitch<HD>();
+      load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
+      zero_tail<HD>(next, min(kRound, k_end - k1));
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (r == 0) {
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) ldsm_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
+    }
+    const char* kst = kv + (r % kStages) * 2 * kRound * pitch<HD>();
+    const char* vst = kst + kRound * pitch<HD>();
+    const int kw = warp * 16;  // this warp's keys within the round
+    const int valid = min(16, k_end - k0 - kw);
+    if (valid > 0) {
+      // S^T = K . q^T: rows = keys kw + (g, g + 8), cols = heads (2t, 2t + 1).
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int mi = lane >> 3;
+      // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
+      const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
+      const char* krow = k0 + kk == newest ? nbuf : kst + kk * pitch<HD>();
+      const char* vrow = k0 + kv_ == newest ? nbuf + pitch<HD>() : vst + kv_ * pitch<HD>();
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t a[4];
+        ldsm_x4(a, krow + ks * 32 + (mi >> 1) * 16);
+        mma16816(s, a, qf[ks][0], qf[ks][1]);
+      }
+      // Online softmax per head over this warp's keys (log2 domain).
+      float mx[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = g + (e >> 1) * 8;
+        s[e] = key < valid ? s[e] * p.scale_log2 : -INFINITY;
+      }
+      mx[0] = fmaxf(s[0], s[2]);
+      mx[1] = fmaxf(s[1], s[3]);
+      float alpha[2], base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
+        const float m_new = fmaxf(m_run[h], mx[h]);  // finite: this warp has >= 1 valid key
+        alpha[h] = exp2f(m_run[h] - m_new);
+        base[h] = m_new;
+        m_run[h] = m_new;
+      }
+      float pv[4], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pv[e] = exp2f(s[e] - base[e & 1]);
+        sum[e & 1] += pv[e];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 4);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 8);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 16);
+        l_run[h] = l_run[h] * alpha[h] + sum[h];
+      }
+      // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
+      pw[(2 * t) * 24 + g] = __float2bfloat16_rn(pv[0]);
+      pw[(2 * t + 1) * 24 + g] = __float2bfloat16_rn(pv[1]);
+      pw[(2 * t) * 24 + g + 8] = __float2bfloat16_rn(pv[2]);
+      pw[(2 * t + 1) * 24 + g + 8] = __float2bfloat16_rn(pv[3]);
+      __syncwarp();
+      uint32_t pb[2];
+      ldsm_x2(pb, pw + (lane & 7) * 24 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        o[m][0] *= alpha[0];
+        o[m][1] *= alpha[1];
+        o[m][2] *= alpha[0];
+        o[m][3] *= alpha[1];
+        uint32_t a[4];
+        // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
+        ldsm_x4_t(a, vrow + m * 32 + (mi & 1) * 16);
+        mma16816(o[m], a, pb[0], pb[1]);
+      }
+      __syncwarp();  // pw is rewritten next round
+    }
+    __syncthreads();  // this stage is refilled by the next round's prefetch
+  }
+  cp_async_wait<0>();
+
+  // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
+  if (g == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      s_m[warp][2 * t + h] = m_run[h];
+      s_l[warp][2 * t + h] = l_run[h];
+    }
+  }
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);  // [warp][head][HD], over the (now idle) stages
+  float f[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m[w][2 * t + h]);
+    f[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - mm);
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = 16 * m + g + (e >> 1) * 8, h = 2 * t + (e & 1);
+      red[(warp * kMaxGroup + h) * HD + d] = o[m][e] * f[e & 1];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+    const int h = i / HD, d = i % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m[w][h]);
+    float acc = 0.0f, l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      acc += red[(w * kMaxGroup + h) * HD + d];
+      if (s_m[w][h] != -INFINITY) l += s_l[w][h] * exp2f(s_m[w][h] - mm);
+    }
+    const int head = kvh * group + h;
+    if (p.splits == 1) {
+      p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
+    } else {
+      float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
+      part[d] = acc;
+      if (d == 0) {
+        part[HD] = mm;
+        part[HD + 1] = l;
+      }
+    }
+  }
+  if (p.splits == 1) return;
+
+  // The last of this (sequence, kv head)'s active splits to arrive merges them (threadfence
+  // reduction): partials are made visible device-wide before the arrival is counted, and the
+  // merger reads them from L2 (ld.cg), never from a stale L1 line.
+  __threadfence();
+  __syncthreads();
+  const int active = max(1, min(p.splits, (ctx + len - 1) / len));
+  if (threadIdx.x == 0) {
+    const uint32_t arrived = atomicAdd(&p.counters[seq * p.hkv + kvh], 1u);
+    s_last = arrived == static_cast<uint32_t>(active - 1);
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Warp h reads head h's (m, l) of every split (one per lane) and leaves each split's weight
+  // exp2(m_s - M) / L in shared memory; then every output element sums its splits.
+  float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits]
+  for (int h = warp; h < group; h += kWarps) {
+    const int head = kvh * group + h;
+    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + head) * p.splits * (HD + 2);
+    const float m = lane < active ? __ldcg(base + lane * (HD + 2) + HD) : -INFINITY;
+    const float l = lane < active ? __ldcg(base + lane * (HD + 2) + HD + 1) : 0.0f;
+    const float mm = warp_max(m);
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
+    const float total = warp_sum(l * w);
+    wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+    const int h = i / HD, d = i % HD;
+    const int head = kvh * group + h;
+    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + head) * p.splits * (HD + 2) + d;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < active; ++sp) acc += __ldcg(base + sp * (HD + 2)) * wsplit[h * kDecodeMaxSplits + sp];
+    p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(acc);
+  }
+  if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
+}
+
+template <int HD, bool kFp8>
+void configure_one() {
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(decode_smem_bytes<HD>())));
+}
+
+}  // namespace
+
+void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
+                                   const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
+
+bool decode_attention_fusable(const TextAttentionShape& shape) {
+  return (shape.head_dim == 64 || shape.head_dim == 128) && shape.num_q_heads % shape.num_kv_heads == 0 &&
+         shape.num_q_heads / shape.num_kv_heads <= kMaxGroup;
+}
+
+void configure_decode_attention() {
+  static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
+  configure_one<64, false>();
+  configure_one<128, false>();
+  configure_one<64, true>();
+  configure_one<128, true>();
+}
+
+void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
+                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
+                                  float* partial, size_t partial_bytes, uint32_t* counters,
+                                  const FusedPrepare* prepare) {
+  check_batch(batch);
+  QVL_CHECK_EQ(batch.num_tokens, batch.num_seqs) << "decode attention takes one row per sequence";
+  QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
+  QVL_CHECK_EQ(out.dim(0), batch.num_tokens);
+  QVL_CHECK_EQ(out.row_numel(), int64_t{shape.num_q_heads} * shape.head_dim);
+  QVL_CHECK_EQ(shape.num_q_heads % shape.num_kv_heads, 0);
+  const int hd = shape.head_dim;
+  QVL_CHECK(decode_attention_fusable(shape) || prepare == nullptr) << "fused prepare for head_dim " << hd;
+  if (!decode_attention_fusable(shape)) {
+    launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
+    return;
+  }
+  int splits = kDecodeSplitBlocks / std::max(1, batch.num_seqs * shape.num_kv_heads);
+  splits = std::clamp(splits, 1, kDecodeMaxSplits);
+  if (splits > 1) {
+    const size_t need = static_cast<size_t>(batch.num_seqs) * shape.num_q_heads * splits * (hd + 2) * sizeof(float);
+    QVL_CHECK_LE(need, partial_bytes) << "decode attention scratch (raise CudaBackendOptions::max_gqa_group / "
+                                         "max_head_dim)";
+    QVL_CHECK_LE(batch.num_seqs * shape.num_kv_heads, kDecodeSplitBlocks);
+  }
+  DecodeParams p{};
+  p.qkv = qkv.as<bf16>();
+  p.out = out.as<bf16>();
+  p.partial = partial;
+  p.counters = counters;
+  p.query_start = batch.query_start.as<int32_t>();
+  p.context_len = batch.context_len.as<int32_t>();
+  p.page_table = batch.page_table.as<int32_t>();
+  p.cache = geometry(cache, layer);
+  p.max_pages = batch.max_pages_per_seq;
+  p.hq = shape.num_q_heads;
+  p.hkv = shape.num_kv_heads;
+  p.splits = splits;
+  p.scale_log2 = scale * 1.4426950408889634f;
+  if (prepare) {
+    QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&
+              prepare->q_norm.dtype == prepare->k_norm.dtype &&
+              (prepare->q_norm.dtype == DType::kF32 || prepare->q_norm.dtype == DType::kBF16))
+        << "q_norm " << prepare->q_norm.describe() << ", k_norm " << prepare->k_norm.describe();
+    QVL_CHECK_EQ(prepare->rope.half, hd / 2);
+    QVL_CHECK(batch.positions.dtype == DType::kI32 && batch.positions.numel() == int64_t{batch.num_tokens} * 3)
+        << "positions " << batch.positions.describe();
+    QVL_CHECK(batch.slots.dtype == DType::kI32 && batch.slots.numel() == batch.num_tokens)
+        << "slots " << batch.slots.describe();
+    p.fused = true;
+    p.q_norm = prepare->q_norm.data;
+    p.k_norm = prepare->k_norm.data;
+    p.norm_f32 = prepare->q_norm.dtype == DType::kF32;
+    p.eps = prepare->eps;
+    p.positions = batch.positions.as<int32_t>();
+    p.slots = batch.slots.as<int32_t>();
+    p.rope = prepare->rope;
+  }
+  const dim3 grid(static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads), static_cast<unsigned>(splits));
+  const dim3 block(kThreads);
+  const bool fp8 = cache.dtype == DType::kF8E4M3;
+  if (hd == 64) {
+    const size_t smem = decode_smem_bytes<64>();
+    fp8 ? launch(ctx, "text_decode_attention", decode_kernel<64, true>, grid, block, smem, p)
+        : launch(ctx, "text_decode_attention", decode_kernel<64, false>, grid, block, smem, p);
+  } else {
+    const size_t smem = decode_smem_bytes<128>();
+    fp8 ? launch(ctx, "text_decode_attention", decode_kernel<128, true>, grid, block, smem, p)
+        : launch(ctx, "text_decode_attention", decode_kernel<128, false>, grid, block, smem, p);
+  }
+}
+
+}  // namespace qvl::cuda

@@ -1,0 +1,325 @@
+// Internal to the CUDA backend's decode Linear (skinny.cu, skinny_stream.cu): what both of its
+// kernels share.
+//
+// The op: out[n, N] = epilogue(x[n, K] · W[N, K]ᵀ) for few rows (decode: 1..32 tokens).
+// Memory-bound: every weight byte is read exactly once, so the kernel is built around the
+// weight stream and the tensor cores only do the (cheap) arithmetic.
+//
+// Layout ("swap AB"): a block owns 16 weight rows and all n tokens; its 8 warps split K into
+// 128-wide chunks (warp w takes chunks w, w+8, ...), and each warp runs mma.m16n8k16 with the
+// 16 weight rows as A and up to 4 tiles of 8 tokens as B. K is permuted inside each 16-wide
+// k-step so that both operands come straight from 16-byte global loads with no shuffles: lane
+// (g = lane/4, t = lane%4) loads 8 consecutive BF16 (16 consecutive FP8) of weight rows g and
+// g+8 and of token g, and the A/B fragment slots {2t, 2t+1, 2t+8, 2t+9} are filled from
+// consecutive physical columns. Because A and B use the same permutation, the dot products
+// are unchanged. The next chunk's weights are loaded while the current one is multiplied.
+//
+// FP8 weights are widened to BF16 in registers exactly (e4m3 bits placed into bf16, times
+// 2^120 in bf16, which keeps subnormals exact); each 128-wide chunk is one scale block along
+// K, so its partial sum is multiplied by the block scale in fp32 before it joins the total.
+// The 8 warps' partials meet in shared memory; the epilogue rounds like the reference:
+// v = bf16(acc + bias); v = bf16(act(v)); v = bf16(residual + v).
+//
+// The optional prologue (RMSNorm or SiLU·mul of x's producer, deferred by the backend) is
+// computed once per block into shared memory (prologue_x) right after the PDL wait.
+#pragma once
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace qvl::cuda::skinny {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 16;
+constexpr int kChunk = 128;
+
+__device__ __forceinline__ uint4 load16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+// Weights are read once: keep them out of L1.
+__device__ __forceinline__ uint4 load16_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+struct SkinnyParams {
+  const void* w;       // [N, K] bf16 or fp8
+  const float* scale;  // fp8: [*, scale_cols] dequantisation multipliers
+  int scale_cols;
+  int rows_per_scale;    // 128 (block scales) or 1 (one scale row per weight row)
+  const bf16* x;         // [n, K]
+  bf16* out;             // [n, N]
+  const bf16* bias;      // [N] or null
+  const bf16* residual;  // [n, N] or null (may alias out)
+  int n, N, K;
+  int act;
+  // Prologue (kRmsNorm / kSiluMul): x is computed from src; x above is where it is written.
+  const bf16* src;
+  bf16* x_out;  // = x, writable: where the prologue's result is written
+  const void* norm_w;
+  bool norm_w_f32;
+  float eps;
+};
+
+// Shared state of the prologues: 1/rms of each row for kRmsNorm, and the per-warp partial
+// sums of squares it is reduced from.
+struct PrologueSmem {
+  float rstd[kFusedPrologueMaxRows];
+  float ss[kWarps][kFusedPrologueMaxRows];
+};
+
+// Dynamic shared memory of a prologue kernel: x itself, [n][K] BF16 (at most
+// kFusedPrologueMaxBytes), computed once per block so that the main loop reads it like x.
+extern __shared__ uint4 prologue_x[];
+
+// 8 consecutive x values of token `tok` at column k (k % 8 == 0, in range), as 4 bf16x2.
+template <int PRO>
+__device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, const PrologueSmem&) {
+  if constexpr (PRO == SkinnyPrologue::kNone) {
+    return load16(p.x + static_cast<int64_t>(tok) * p.K + k);
+  } else {
+    return prologue_x[tok * (p.K / 8) + k / 8];
+  }
+}
+
+// RMSNorm weights of the thread's first kPrologueWeightVecs vectors (columns 8v.., v = thread
+// + 256 m), loaded before the PDL wait: weights are never written by a kernel.
+constexpr int kPrologueWeightVecs = 2;
+struct PrologueWeights {
+  float w[kPrologueWeightVecs][8];
+};
+__device__ __forceinline__ void load_norm_w8(const SkinnyParams& p, int k, float (&w)[8]) {
+  if (p.norm_w_f32) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.norm_w) + k + 4));
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {
+    unpack8(load16(static_cast<const bf16*>(p.norm_w) + k), w);
+  }
+}
+template <int PRO>
+__device__ __forceinline__ void prefetch_prologue(const SkinnyParams& p, PrologueWeights& pw) {
+  if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
+#pragma unroll
+    for (int m = 0; m < kPrologueWeightVecs; ++m) {
+      const int v = threadIdx.x + m * kWarps * 32;
+      if (v < p.K / 8) load_norm_w8(p, v * 8, pw.w[m]);
+    }
+  }
+}
+
+// Runs after grid_dep_wait: fills prologue_x with x exactly as the unfused op writes it
+// (RMSNorm: bf16(w * bf16(x * rstd)); SiLU·mul: bf16(bf16(silu(g)) * u)) and writes this
+// block's share of x to global memory (blocks split the n*K/8 vectors evenly), so x ends up
+// fully written. Sums of squares are reduced in a fixed order (deterministic).
+template <int PRO>
+__device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps, const PrologueWeights& pw) {
+  if constexpr (PRO != SkinnyPrologue::kNone) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kv = p.K / 8;  // vectors per row
+    const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
+    const int64_t v0 = per * blockIdx.x, v1 = v0 + per;
+    if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
+      float ss[kFusedPrologueMaxRows];
+#pragma unroll
+      for (int tok = 0; tok < kFusedPrologueMaxRows; ++tok) {
+        ss[tok] = 0.0f;
+        if (tok < p.n) {
+          const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
+          for (int v = threadIdx.x; v < kv; v += kWarps * 32) {
+            const uint4 raw = load16(row + v);
+            prologue_x[tok * kv + v] = raw;
+            float f[8];
+            unpack8(raw, f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss[tok] += f[e] * f[e];
+          }
+        }
+      }
+#pragma unroll
+      for (int tok = 0; tok < kFusedPrologueMaxRows; ++tok) {
+        if (tok < p.n) {
+          const float w = warp_sum(ss[tok]);
+          if (lane == 0) ps.ss[warp][tok] = w;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < p.n) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) total += ps.ss[w][threadIdx.x];
+        ps.rstd[threadIdx.x] = rsqrtf(total / static_cast<float>(p.K) + p.eps);
+      }
+      __syncthreads();
+      for (int v = threadIdx.x, m = 0; v < kv; v += kWarps * 32, ++m) {
+        float w[8];
+        if (m < kPrologueWeightVecs) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w[e] = m == 0 ? pw.w[0][e] : pw.w[1][e];
+        } else {
+          load_norm_w8(p, v * 8, w);
+        }
+        for (int tok = 0; tok < p.n; ++tok) {
+          const int i = tok * kv + v;
+          float x8[8];
+          unpack8(prologue_x[i], x8);
+          const float r = ps.rstd[tok];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) x8[e] = w[e] * bf16_round(x8[e] * r);
+          const uint4 x = pack8(x8);
+          prologue_x[i] = x;
+          if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+        const int tok = i / kv, k = (i % kv) * 8;
+        const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
+        float g[8], u[8];
+        unpack8(load16(row + k), g);
+        unpack8(load16(row + p.K + k), u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
+        const uint4 x = pack8(g);
+        prologue_x[i] = x;
+        if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Two e4m3 bytes (selected by `sel` from w) -> one bf16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
+  const uint32_t a = __byte_perm(w, 0u, sel);  // [0, b_lo, 0, b_hi]: each byte in a half's high byte
+  const uint32_t bits = ((a & 0x7f007f00u) >> 4) | (a & 0x80008000u);  // e4m3 value * 2^-120, as bf16
+  const bf162 scaled = __hmul2(*reinterpret_cast<const bf162*>(&bits), __floats2bfloat162_rn(0x1p120f, 0x1p120f));
+  return *reinterpret_cast<const uint32_t*>(&scaled);
+}
+
+template <bool kFp8>
+struct Chunk {
+  static constexpr int kElems = kFp8 ? 16 : 8;          // elements per 16-byte load
+  static constexpr int kSteps = kChunk / (4 * kElems);  // loads per row per chunk (4 lanes per row)
+};
+
+// Loads the lane's weights of chunk c: w[2s] = row a, w[2s+1] = row b, for step s.
+template <bool kFp8>
+__device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int ra, int rb, int t,
+                                             uint4 (&w)[2 * Chunk<kFp8>::kSteps]) {
+  constexpr int E = Chunk<kFp8>::kElems;
+  const char* base = static_cast<const char*>(p.w);
+  const int esize = kFp8 ? 1 : 2;
+#pragma unroll
+  for (int s = 0; s < Chunk<kFp8>::kSteps; ++s) {
+    const int k = c * kChunk + s * 4 * E + t * E;
+    if (k < p.K) {
+      w[2 * s] = load16_stream(base + (static_cast<int64_t>(ra) * p.K + k) * esize);
+      w[2 * s + 1] = load16_stream(base + (static_cast<int64_t>(rb) * p.K + k) * esize);
+    } else {
+      w[2 * s] = make_uint4(0, 0, 0, 0);
+      w[2 * s + 1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// part = this lane's C fragments of chunk c (rows g, g+8 of the 16-row tile whose weights the
+// lane holds in w; tokens 8j+2t, 8j+2t+1), before the chunk's block scale.
+template <bool kFp8, int NT, int PRO>
+__device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, int g,
+                                          const uint4 (&w)[2 * Chunk<kFp8>::kSteps], const PrologueSmem& pro_smem,
+                                          float (&part)[NT][4]) {
+  using C = Chunk<kFp8>;
+  constexpr int E = C::kElems;
+  constexpr int S = C::kSteps;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    const int k = c * kChunk + s * 4 * E + t * E;
+    // Activations of this step: E consecutive columns of token 8j+g (zero past n or K).
+    uint4 xv[NT][kFp8 ? 2 : 1];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int tok = j * 8 + g;
+      const bool ok = tok < p.n && k < p.K;
+      xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
+      if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
+    }
+    if (kFp8) {
+      uint32_t wa[8], wb[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        wa[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s], i), 0x1404);
+        wa[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s], i), 0x3424);
+        wb[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), 0x1404);
+        wb[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), 0x3424);
+      }
+      // mma i covers physical columns 4i..4i+3 of the lane's 16.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint4& xq = xv[j][i >> 1];
+          mma_bf16(part[j], wa[2 * i], wb[2 * i], wa[2 * i + 1], wb[2 * i + 1], word(xq, (i & 1) * 2),
+                   word(xq, (i & 1) * 2 + 1));
+        }
+      }
+    } else {
+      // mma h covers physical columns 4h..4h+3 of the lane's 8.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma_bf16(part[j], word(w[2 * s], 2 * h), word(w[2 * s + 1], 2 * h), word(w[2 * s], 2 * h + 1),
+                   word(w[2 * s + 1], 2 * h + 1), word(xv[j][0], 2 * h), word(xv[j][0], 2 * h + 1));
+        }
+      }
+    }
+  }
+}
+
+// One output element: v = bf16(acc + bias); v = bf16(act(v)); out = bf16(residual + v).
+__device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int tok, float v) {
+  if (p.bias) v += __bfloat162float(p.bias[row]);
+  v = bf16_round(v);
+  if (p.act == static_cast<int>(Activation::kGeluTanh)) v = bf16_round(gelu_tanh(v));
+  if (p.act == static_cast<int>(Activation::kGeluErf)) v = bf16_round(gelu_erf(v));
+  const int64_t o = static_cast<int64_t>(tok) * p.N + row;
+  if (p.residual) v += __bfloat162float(p.residual[o]);
+  p.out[o] = __float2bfloat16_rn(v);
+}
+
+// Dynamic shared memory of a prologue launch: x, [n][K] BF16.
+inline size_t prologue_bytes(const SkinnyParams& p) {
+  const size_t bytes = static_cast<size_t>(p.n) * p.K * sizeof(uint16_t);
+  QVL_CHECK(p.n <= kFusedPrologueMaxRows && bytes <= kFusedPrologueMaxBytes)
+      << "fused prologue over " << p.n << " x " << p.K << " values";
+  return bytes;
+}
+
+// The persistent streaming kernel's launcher (skinny_stream.cu): depth = chunks in flight per
+// warp (BF16 2 or 3, FP8 4 or 6), split = warps sharing one row tile's K (1, 2, 4 or 8).
+template <bool kFp8>
+void launch_stream(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int depth, int split);
+
+}  // namespace qvl::cuda::skinny
