@@ -187,6 +187,10 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const Tensor& src) = 0;  // waits for the copy
   virtual void copy(Tensor dst, const Tensor& src) = 0;              // device to device
   virtual void synchronize() = 0;
+  // copy_to_device from memory allocate_host returned, without waiting for the copy: it is
+  // ordered with the ops around it, and `host_src` must stay unchanged until the next
+  // synchronize() (or copy_to_host). The default is copy_to_device.
+  virtual void copy_to_device_async(Tensor dst, const void* host_src) { copy_to_device(dst, host_src); }
 
   // ---- weights ----
   // Makes a host tensor (e.g. a view into an mmap'd checkpoint) usable by this backend,
@@ -209,6 +213,9 @@ class Backend {
   virtual void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) = 0;
   // out = silu(gate_up[:, :I]) * gate_up[:, I:]   out [n, I], gate_up [n, 2I]
   virtual void silu_mul(Tensor out, const Tensor& gate_up) = 0;
+  // out = x in out's dtype, element by element (same element count): F32 -> BF16 rounds to
+  // nearest even (core/dtype.h float_to_bf16), BF16 -> F32 is exact, equal dtypes copy.
+  virtual void convert(Tensor out, const Tensor& x);
   // x += Σ_k w[i,k] · table[idx[i,k]]          x [n, D], table [P, D], idx I32 [n, 4], w F32 [n, 4]
   virtual void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) = 0;
 
@@ -293,6 +300,11 @@ inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_
   Result<DeviceBuffer> buffer = allocate(max_bytes, tag);
   if (!buffer.is_ok()) return buffer.status();
   return std::unique_ptr<DeviceRegion>(new detail::WholeRegion(std::move(buffer).value()));
+}
+
+inline void Backend::convert(Tensor out, const Tensor& x) {
+  QVL_CHECK(out.dtype == x.dtype) << name() << ": convert " << x.describe() << " -> " << out.describe();
+  copy(out, x);
 }
 
 inline Result<DeviceBuffer> Backend::allocate_host(size_t bytes, const std::string& tag) {

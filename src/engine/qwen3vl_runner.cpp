@@ -64,6 +64,10 @@ class Qwen3VLRunner final : public ModelRunner {
     const std::vector<uint8_t> zeros(static_cast<size_t>(sizes.logits), 0);
     backend_->copy_to_device(Tensor(logits_buffer_.data(), DType::kU8, {sizes.logits}, dev), zeros.data());
     if (act != DType::kF32) host_logits_.resize(static_cast<size_t>(limits_.max_seqs) * c.text.vocab_size);
+    if (sizes.upload_staging > 0) {
+      QVL_ASSIGN_OR_RETURN(staging_buffer_,
+                           backend_->allocate_host(static_cast<size_t>(sizes.upload_staging), "vision upload staging"));
+    }
     return Status::ok();
   }
 
@@ -91,7 +95,8 @@ class Qwen3VLRunner final : public ModelRunner {
       return invalid_argument("image pixel_values hold " + std::to_string(image.pixel_values.size()) +
                               " floats, the grid needs " + std::to_string(want));
     ImageInput input{image.pixel_values.data(), ImageGrid{image.grid_t, image.grid_h, image.grid_w}};
-    auto out = model_->encode_images(std::span<const ImageInput>(&input, 1), arena_);
+    auto out = model_->encode_images(std::span<const ImageInput>(&input, 1), arena_,
+                                     {staging_buffer_.data(), staging_buffer_.size()});
     if (!out.is_ok()) {
       arena_.reset(0);
       return out.status();
@@ -205,6 +210,7 @@ class Qwen3VLRunner final : public ModelRunner {
   RunnerLimits limits_;
   ModelInfo info_;
   DeviceBuffer arena_buffer_, inputs_buffer_, logits_buffer_;
+  DeviceBuffer staging_buffer_;  // host memory for the vision uploads (Backend::allocate_host)
   Arena arena_;
   std::vector<uint16_t> host_logits_;
   bool decode_graphs_ = false;

@@ -4,6 +4,8 @@
 //     plus the larger of the vision scratch and one decoder step;
 //   - the step inputs (token ids, M-RoPE positions, slots, the TextBatch tables, logits rows),
 //     at fixed addresses, and the logits rows of one step;
+//   - in host memory (Backend::allocate_host: pinned on CUDA), the staging buffer the vision
+//     encoder uploads the largest image's pixels and tables through;
 // sized by memory/activations.h runner_buffers(), exactly as the planner counts them.
 // Image features are the bottom of the arena: encode_image requires an empty arena (the engine
 // keeps one image alive at a time) and the features give it back when destroyed.
@@ -34,7 +36,7 @@ Result<std::unique_ptr<ModelRunner>> make_qwen3vl_runner(std::shared_ptr<Backend
                                                          std::shared_ptr<const Qwen3VLModel> model,
                                                          const Qwen3VLRunnerOptions& options);
 
-// The three buffers a runner with `limits` allocates (memory/activations.h runner_buffers: the
+// The buffers a runner with `limits` allocates (memory/activations.h runner_buffers: the
 // planner counts exactly these).
 RunnerBuffers runner_buffer_sizes(const ModelConfig& config, const RunnerLimits& limits, DType activation_dtype);
 

@@ -13,7 +13,8 @@
 //                    merged [T, O] + k × [T, O]
 //     hidden x [N, D], rope table [N, 2, dh] f32, cu_seqlens i32 [G + 1]      — live to the end
 //     then one stage at a time:
-//       patch stage:   pixels [N, C·T·P·P] (activation dtype), pos index i32 [N, 4],
+//       patch stage:   pixels f32 [N, C·T·P·P] as uploaded, the same in the activation dtype
+//                      when that is not f32 (converted on the device), pos index i32 [N, 4],
 //                      pos weight f32 [N, 4]
 //       attention:     h [N, D], qkv [N, 3D], attn [N, D]       (proj adds into x)
 //       mlp:           h [N, D], fc1 [N, F]                      (fc2 adds into x)
@@ -30,9 +31,13 @@
 //       final norm:    last [R, H] (gathered logits rows), normed [R, H]      (lm_head -> logits)
 //   The step's inputs (token ids, logits rows, positions, slots and the other TextBatch tables)
 //   live in their own fixed buffer (step_input_bytes): CUDA graphs need their addresses fixed.
+// - The vision forward's uploads go through a host staging buffer (model.h HostStaging; pinned
+//   memory on CUDA), laid out like an arena: pixels f32 [N, C·T·P·P], rope [N, 2, dh] f32,
+//   cu_seqlens i32 [G + 1], pos index i32 [N, 4], pos weight f32 [N, 4].
 // - A model runner allocates exactly runner_buffers(): the arena (one image's features, then
 //   the larger of the vision scratch and the decoder step above them), the step inputs and the
-//   logits; the memory plan counts the same three allocations.
+//   logits on the device, and the vision upload staging in host memory; the memory plan counts
+//   the same allocations (the staging by the device page tables that map it).
 #pragma once
 
 #include <cstdint>
@@ -61,6 +66,8 @@ struct VisionActivationTerms {
   int64_t mlp_stage = 0;
   int64_t deepstack_stage = 0;  // 0 without deepstack taps
   int64_t merger_stage = 0;
+  // Host memory, not the arena: the upload staging buffer (pixels f32 and the tables).
+  int64_t upload_staging = 0;
 
   int64_t features() const { return merged_features + deepstack_features; }
   int64_t largest_stage() const;
@@ -105,13 +112,15 @@ struct RunnerShape {
   int64_t max_pages_per_seq = 0;  // P
   int64_t max_image_patches = 0;  // N of the largest image (0: no image is admitted)
 };
-// The three device buffers a runner allocates once, in bytes as asked of the backend.
+// The buffers a runner allocates once (three on the device, one in host memory), in bytes as
+// asked of the backend.
 struct RunnerBuffers {
   VisionActivationTerms vision;
   DecoderActivationTerms decoder;
-  int64_t arena = 0;        // vision.features() + max(vision.scratch(), decoder.peak())
-  int64_t step_inputs = 0;  // step_input_bytes(S, B, P)
-  int64_t logits = 0;       // [B, V] activation dtype
+  int64_t arena = 0;           // vision.features() + max(vision.scratch(), decoder.peak())
+  int64_t step_inputs = 0;     // step_input_bytes(S, B, P)
+  int64_t logits = 0;          // [B, V] activation dtype
+  int64_t upload_staging = 0;  // host memory: vision.upload_staging (0 when no image is admitted)
 };
 RunnerBuffers runner_buffers(const ModelConfig& config, const RunnerShape& shape, DType activation_dtype);
 

@@ -100,6 +100,9 @@ std::string plan_table(const MemoryPlan& p, const std::string& model_label) {
   row(os, "step inputs (ids, positions, page tables)", p.step_inputs);
   row(os, "logits (" + plural(p.max_seqs, "row", "rows") + " of " + thousands(p.config.text.vocab_size) + ")",
       p.logits_buffer);
+  if (p.upload_staging > 0)
+    row(os, "device page tables of the image upload staging", p.upload_staging_page_tables,
+        format_bytes(p.upload_staging) + " pinned host memory");
   row(os,
       "KV cache: " + thousands(o.context_tokens) + " tokens × " + std::to_string(o.concurrency) + " (" +
           thousands(p.kv_required_pages) + " pages)",
@@ -205,6 +208,8 @@ std::string plan_json(const MemoryPlan& p, const std::string& model_label, const
                       {"decoder_step_bytes", p.decoder.peak()},
                       {"step_inputs_bytes", p.step_inputs},
                       {"logits_buffer_bytes", p.logits_buffer},
+                      {"upload_staging_bytes", p.upload_staging},
+                      {"upload_staging_page_tables_bytes", p.upload_staging_page_tables},
                       {"max_seqs", p.max_seqs},
                       {"vision_terms",
                        {{"patches", p.vision.num_patches},

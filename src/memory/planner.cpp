@@ -342,10 +342,13 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   p.activation_arena = round_up(buffers.arena, gran);
   p.step_inputs = round_up(buffers.step_inputs, gran);
   p.logits_buffer = round_up(buffers.logits, gran);
+  p.upload_staging = buffers.upload_staging;
+  p.upload_staging_page_tables =
+      p.upload_staging > 0 ? round_up(ceil_div(p.upload_staging, kHostPageBytes) * kHostPageTableEntryBytes, gran) : 0;
 
   // ---- totals ----
   p.fixed_bytes = p.weights_device + p.offload_staging + p.offload_page_tables + p.runtime_total() +
-                  p.activation_arena + p.step_inputs + p.logits_buffer;
+                  p.activation_arena + p.step_inputs + p.logits_buffer + p.upload_staging_page_tables;
   p.peak_bytes = p.fixed_bytes + p.kv_required_bytes;
   p.margin_bytes = o.margin_bytes;
 

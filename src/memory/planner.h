@@ -204,6 +204,10 @@ struct MemoryPlan {
   int64_t activation_arena = 0;  // features + max(vision scratch, decoder peak), rounded
   int64_t step_inputs = 0;       // rounded
   int64_t logits_buffer = 0;     // [max_seqs, V] activation dtype, rounded
+  // The vision upload staging buffer: pinned host memory (vision.upload_staging, not on the
+  // device), and the device page tables that map it (counted like offload_page_tables).
+  int64_t upload_staging = 0;
+  int64_t upload_staging_page_tables = 0;
 
   // KV cache.
   int64_t kv_bytes_per_token = 0;  // 2 × layers × Hkv × head_dim × dtype bytes

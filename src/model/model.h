@@ -39,6 +39,19 @@ struct ImageInput {
   ImageGrid grid;
 };
 
+// Host memory through which encode_images sends what it uploads (the F32 pixel values, then
+// the rotary, segment and position-interpolation tables), laid out as memory/activations.h
+// VisionActivationTerms::upload_staging counts it. From Backend::allocate_host (pinned on
+// CUDA), so the copies run asynchronously and at full speed. Empty: the uploads go from the
+// caller's (pageable) memory, each copy waiting for itself.
+struct HostStaging {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+// Pixels go through the staging buffer in chunks of about this size: the host copies chunk
+// i + 1 into it while the device fetches chunk i.
+inline constexpr int64_t kStagingChunkBytes = 2 << 20;
+
 // encode_images output: one row per merged token, images concatenated in input order.
 struct VisionOutput {
   Tensor embeds;                       // [M, out_hidden] activation dtype
@@ -97,9 +110,12 @@ class Qwen3VLModel {
   const MropeSpec& mrope() const { return mrope_; }
 
   // Vision encoder over `images` (spec §5). The outputs are allocated from `arena` first and
-  // stay allocated; all scratch above them is released before returning. Errors: a grid that
-  // is not valid (validate_grid), a missing pixel buffer.
-  Result<VisionOutput> encode_images(std::span<const ImageInput> images, Arena& arena) const;
+  // stay allocated; all scratch above them is released before returning. With `staging`, the
+  // call first waits for the backend's stream (earlier uploads from the staging buffer), and
+  // the staging buffer must not be written until the next synchronize(). Errors: a grid that is
+  // not valid (validate_grid), a missing pixel buffer.
+  Result<VisionOutput> encode_images(std::span<const ImageInput> images, Arena& arena,
+                                     const HostStaging& staging = {}) const;
 
   // One decoder step (spec §6): embeds batch.num_tokens rows, merges the visual rows, runs the
   // layers (writing this step's K/V into `cache` at batch.slots and attending over each

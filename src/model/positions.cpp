@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 namespace qvl {
@@ -153,56 +154,87 @@ std::vector<float> vision_rope_inv_freq(const VisionConfig& vision) {
   return inv;
 }
 
-VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids) {
-  const int m = vision.spatial_merge_size;
-  const int dh = vision.head_dim();
-  const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(vision.num_position_embeddings))));
-  QVL_CHECK_EQ(side * side, vision.num_position_embeddings) << "position table is not square";
-  const std::vector<float> inv = vision_rope_inv_freq(vision);
-  const int q = static_cast<int>(inv.size());
-
+VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids, bool tables) {
   VisionLayout L;
   L.cu_seqlens.push_back(0);
   L.token_offsets.push_back(0);
   for (const ImageGrid& g : grids) {
     L.num_patches += g.num_patches();
-    L.num_tokens += g.num_tokens(m);
+    L.num_tokens += g.num_tokens(vision.spatial_merge_size);
     L.token_offsets.push_back(L.num_tokens);
     for (int t = 0; t < g.t; ++t) {
       L.cu_seqlens.push_back(L.cu_seqlens.back() + g.h * g.w);
       L.max_seqlen = std::max(L.max_seqlen, g.h * g.w);
     }
   }
-  L.interp_index.resize(L.num_patches * 4);
-  L.interp_weight.resize(L.num_patches * 4);
-  L.rope.resize(L.num_patches * 2 * dh);
+  if (tables) {
+    L.interp_index.resize(L.num_patches * 4);
+    L.interp_weight.resize(L.num_patches * 4);
+    L.rope.resize(L.num_patches * 2 * vision.head_dim());
+    write_vision_tables(vision, grids, L.interp_index.data(), L.interp_weight.data(), L.rope.data());
+  }
+  return L;
+}
+
+void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
+                         float* interp_weight, float* rope) {
+  const int m = vision.spatial_merge_size;
+  const int dh = vision.head_dim();
+  const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(vision.num_position_embeddings))));
+  QVL_CHECK_EQ(side * side, vision.num_position_embeddings) << "position table is not square";
+  const std::vector<float> inv = vision_rope_inv_freq(vision);
+  const int q = static_cast<int>(inv.size());
+  QVL_CHECK_EQ(4 * q, dh) << "vision head_dim";
+
+  // The rotary angle of frequency e is row·inv[e] (first q) or col·inv[e] (next q), repeated
+  // over both halves of head_dim: cos/sin depend on (row, e) or (col, e) only, so they are
+  // evaluated once per distinct row and column of a grid ([h, q] and [w, q] tables) and the
+  // [N, 2, dh] table is filled by copying q-float runs.
+  std::vector<float> row_cos, row_sin, col_cos, col_sin;
+  auto angles = [&](int count, std::vector<float>& c, std::vector<float>& s) {
+    c.resize(static_cast<size_t>(count) * q);
+    s.resize(static_cast<size_t>(count) * q);
+    for (int i = 0; i < count; ++i) {
+      for (int e = 0; e < q; ++e) {
+        const float angle = static_cast<float>(i) * inv[e];
+        c[static_cast<size_t>(i) * q + e] = std::cos(angle);
+        s[static_cast<size_t>(i) * q + e] = std::sin(angle);
+      }
+    }
+  };
+  const size_t run = static_cast<size_t>(q) * sizeof(float);
 
   int64_t n = 0;
   for (const ImageGrid& g : grids) {
+    angles(g.h, row_cos, row_sin);
+    angles(g.w, col_cos, col_sin);
+    // Bilinear taps of every row and column of this grid.
+    std::vector<AxisTaps> row_taps(g.h), col_taps(g.w);
+    for (int r = 0; r < g.h; ++r) row_taps[r] = bilinear_axis(r, g.h, side);
+    for (int c = 0; c < g.w; ++c) col_taps[c] = bilinear_axis(c, g.w, side);
     for (int t = 0; t < g.t; ++t) {
       for (int64_t within = 0; within < static_cast<int64_t>(g.h) * g.w; ++within, ++n) {
         auto [row, col] = merge_order_row_col(within, g.w, m);
         // Learned position table, bilinearly resampled from side x side to h x w.
-        AxisTaps ar = bilinear_axis(row, g.h, side), ac = bilinear_axis(col, g.w, side);
+        const AxisTaps &ar = row_taps[row], &ac = col_taps[col];
         for (int a = 0; a < 2; ++a) {
           for (int b = 0; b < 2; ++b) {
-            L.interp_index[n * 4 + a * 2 + b] = ar.tap[a] * side + ac.tap[b];
-            L.interp_weight[n * 4 + a * 2 + b] = ar.weight[a] * ac.weight[b];
+            interp_index[n * 4 + a * 2 + b] = ar.tap[a] * side + ac.tap[b];
+            interp_weight[n * 4 + a * 2 + b] = ar.weight[a] * ac.weight[b];
           }
         }
-        // 2-D rotary angles: [row·inv | col·inv] twice over head_dim.
-        float* cos_out = &L.rope[(n * 2 + 0) * dh];
-        float* sin_out = &L.rope[(n * 2 + 1) * dh];
-        for (int d = 0; d < dh; ++d) {
-          int e = d % (dh / 2);
-          float angle = e < q ? static_cast<float>(row) * inv[e] : static_cast<float>(col) * inv[e - q];
-          cos_out[d] = std::cos(angle);
-          sin_out[d] = std::sin(angle);
+        // 2-D rotary table: [row·inv | col·inv] twice over head_dim, cos then sin.
+        float* cos_out = rope + (n * 2 + 0) * dh;
+        float* sin_out = rope + (n * 2 + 1) * dh;
+        for (int half = 0; half < 2; ++half) {
+          std::memcpy(cos_out + half * 2 * q, &row_cos[static_cast<size_t>(row) * q], run);
+          std::memcpy(cos_out + half * 2 * q + q, &col_cos[static_cast<size_t>(col) * q], run);
+          std::memcpy(sin_out + half * 2 * q, &row_sin[static_cast<size_t>(row) * q], run);
+          std::memcpy(sin_out + half * 2 * q + q, &col_sin[static_cast<size_t>(col) * q], run);
         }
       }
     }
   }
-  return L;
 }
 
 }  // namespace qvl

@@ -13,8 +13,8 @@
 #include <span>
 #include <vector>
 
-#include "core/image_grid.h"
 #include "backend/backend.h"
+#include "core/image_grid.h"
 #include "core/status.h"
 #include "model/config.h"
 
@@ -61,12 +61,22 @@ struct VisionLayout {
   std::vector<int64_t> token_offsets;  // first output row of image i; num_images + 1 entries
   std::vector<int32_t> cu_seqlens;     // attention segments: one per temporal slice of each image
   int max_seqlen = 0;
+  // The per-patch tables (write_vision_tables); left empty when vision_layout is asked not to
+  // build them (the encoder then writes them straight into its upload buffer).
   std::vector<int32_t> interp_index;  // [N, 4] rows of the learned position table
   std::vector<float> interp_weight;   // [N, 4] bilinear weights (fp32)
   std::vector<float> rope;            // [N, 2, head_dim]: cos then sin of the 2-D angles
 };
 
-// Builds the layout (grids must have passed validate_grid).
-VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids);
+// Builds the layout (grids must have passed validate_grid), with the tables unless `tables` is
+// false.
+VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids, bool tables = true);
+
+// Writes the per-patch tables of `grids` (N patches in all) into caller memory:
+// interp_index [N, 4], interp_weight [N, 4], rope [N, 2, head_dim]. The values are those of
+// the reference formulas in fp32 (cos/sin of row·inv and col·inv, each angle evaluated once per
+// distinct row or column, which gives the same floats as evaluating it per patch).
+void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
+                         float* interp_weight, float* rope);
 
 }  // namespace qvl

@@ -68,9 +68,12 @@ Result<std::vector<float>> SequenceRunner::prefill(std::span<const int32_t> ids,
   const DType act = be.activation_dtype();
   const int64_t chunk = options_.prefill_chunk > 0 ? std::min<int64_t>(options_.prefill_chunk, L) : L;
   const int64_t rows = std::min<int64_t>(logits_last, chunk);
-  int64_t patches = 0;
-  for (const ImageGrid& g : grids) patches += g.num_patches();
-  const VisionActivationTerms vision = vision_activation_terms(cfg, patches, act);
+  int64_t patches = 0, segments = 0;
+  for (const ImageGrid& g : grids) {
+    patches += g.num_patches();
+    segments += g.t;
+  }
+  const VisionActivationTerms vision = vision_activation_terms(cfg, patches, act, std::max<int64_t>(segments, 1));
   const int64_t text = decoder_activation_terms(cfg, chunk, rows, act).peak() +
                        arena_bytes(rows * cfg.text.vocab_size, act) + arena_bytes(rows, DType::kI32) +
                        step_input_bytes(chunk, 1, cache_.num_pages);
@@ -80,7 +83,9 @@ Result<std::vector<float>> SequenceRunner::prefill(std::span<const int32_t> ids,
 
   VisionOutput vis;
   if (!images.empty()) {
-    QVL_ASSIGN_OR_RETURN(vis, model_.encode_images(images, arena_));
+    QVL_ASSIGN_OR_RETURN(staging_buffer_,
+                         be.allocate_host(static_cast<size_t>(vision.upload_staging), "runner vision upload staging"));
+    QVL_ASSIGN_OR_RETURN(vis, model_.encode_images(images, arena_, {staging_buffer_.data(), staging_buffer_.size()}));
   }
   // Prompt index range of each image's pad run (prompt_positions checked them against grids).
   std::vector<int64_t> run_start;

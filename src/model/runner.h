@@ -60,6 +60,7 @@ class SequenceRunner {
   KvCacheView cache_;
   std::vector<int32_t> page_table_;
   DeviceBuffer arena_buffer_;
+  DeviceBuffer staging_buffer_;  // host memory for the vision uploads (Backend::allocate_host)
   Arena arena_;
   PromptPositions positions_;
   int64_t length_ = 0;

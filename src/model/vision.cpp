@@ -1,8 +1,11 @@
 // The vision tower (spec §5): patch embedding + interpolated learned positions, pre-norm ViT
 // blocks with 2-D RoPE and per-image attention, the 2×2 patch merger and the deepstack mergers.
 // Arena layout (memory/activations.h): outputs first (they outlive the call), then x, the rope
-// table and cu_seqlens for the whole pass, then one stage at a time above them.
+// table and cu_seqlens for the whole pass, then one stage at a time above them. Host data goes
+// up through the caller's staging buffer when there is one (same layout: vision_upload_terms).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,7 +13,8 @@
 
 namespace qvl {
 
-Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> images, Arena& arena) const {
+Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> images, Arena& arena,
+                                                 const HostStaging& staging) const {
   const VisionConfig& vc = config_.vision;
   const VisionWeights& w = weights_.vision;
   if (images.empty()) return invalid_argument("encode_images: no images");
@@ -20,11 +24,24 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
     if (!images[i].pixel_values) return invalid_argument("image " + std::to_string(i) + ": no pixel values");
     grids.push_back(images[i].grid);
   }
-  const VisionLayout layout = vision_layout(vc, grids);
+  // Staged: the tables are written straight into the staging buffer further down.
+  const bool staged = staging.data != nullptr;
+  const VisionLayout layout = vision_layout(vc, grids, /*tables=*/!staged);
   const int64_t N = layout.num_patches, M = layout.num_tokens;
   const int64_t D = vc.hidden_size, O = vc.out_hidden_size, P = vc.patch_dim();
   const int dh = vc.head_dim();
   const DType act = backend_.activation_dtype();
+  const int64_t num_segments = static_cast<int64_t>(layout.cu_seqlens.size());
+  // The host side of every upload below: the staging buffer (its previous uploads finished
+  // reading it once the stream is idle), else the layout's own vectors, copied synchronously.
+  if (staged) backend_.synchronize();
+  Arena host(staging.data, staging.bytes, Device::kCpu, "vision upload staging");
+  auto send = [&](Tensor dst, const void* src) {
+    if (staged)
+      backend_.copy_to_device_async(dst, src);
+    else
+      backend_.copy_to_device(dst, src);
+  };
 
   // Outputs: merged embeddings and deepstack features, [M, O] each; held by the caller.
   VisionOutput out;
@@ -34,35 +51,63 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
   const size_t outputs_end = arena.used();
 
   // Live through the pass: hidden state, rotary table, attention segments.
-  Tensor x = arena.alloc(act, {N, D});                                       // [N, D]
-  Tensor rope = upload(arena, DType::kF32, {N, 2, dh}, layout.rope.data());  // [N, 2, dh] cos | sin
-  const int64_t num_segments = static_cast<int64_t>(layout.cu_seqlens.size());
-  VisionSegments seg{upload(arena, DType::kI32, {num_segments}, layout.cu_seqlens.data()), layout.cu_seqlens,
-                     layout.max_seqlen};
+  Tensor x = arena.alloc(act, {N, D});                 // [N, D]
+  Tensor rope = arena.alloc(DType::kF32, {N, 2, dh});  // [N, 2, dh] cos | sin
+  Tensor cu_seqlens = arena.alloc(DType::kI32, {num_segments});
+  VisionSegments seg{cu_seqlens, layout.cu_seqlens, layout.max_seqlen};
   const size_t stage = arena.used();
 
-  // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches.
+  // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches. The
+  // pixels go up as F32 (a plain copy on the host) and the reference's cast to the tower's
+  // dtype happens on the device; staged, they go in chunks so that the copy into the staging
+  // buffer of one chunk overlaps the transfer of the one before.
   {
-    Tensor pixels = arena.alloc(act, {N, P});  // [N, C·T·P·P]
+    Tensor pixels = arena.alloc(DType::kF32, {N, P});  // [N, C·T·P·P]
+    Tensor host_pixels = staged ? host.alloc(DType::kF32, {N, P}) : Tensor();
+    const int64_t chunk_rows = std::max<int64_t>(1, kStagingChunkBytes / (P * static_cast<int64_t>(sizeof(float))));
     int64_t row = 0;
-    std::vector<uint16_t> bf16;
     for (const ImageInput& img : images) {
       const int64_t n = img.grid.num_patches();
-      Tensor dst = pixels.rows(row, row + n);
-      if (act == DType::kF32) {
-        backend_.copy_to_device(dst, img.pixel_values);
-      } else {  // the reference casts pixel_values to the tower's dtype before the Conv3d
-        QVL_CHECK(act == DType::kBF16) << "activation dtype " << dtype_name(act);
-        bf16.resize(n * P);
-        for (int64_t i = 0; i < n * P; ++i) bf16[i] = float_to_bf16(img.pixel_values[i]);
-        backend_.copy_to_device(dst, bf16.data());
+      if (!staged) {
+        backend_.copy_to_device(pixels.rows(row, row + n), img.pixel_values);
+      } else {
+        for (int64_t r = 0; r < n; r += chunk_rows) {
+          const int64_t e = std::min(n, r + chunk_rows);
+          Tensor h = host_pixels.rows(row + r, row + e);
+          std::memcpy(h.data, img.pixel_values + r * P, static_cast<size_t>(h.nbytes()));
+          backend_.copy_to_device_async(pixels.rows(row + r, row + e), h.data);
+        }
       }
       row += n;
     }
-    backend_.linear(x, pixels, w.patch_embed, {});
+    Tensor input = pixels;
+    if (act != DType::kF32) {  // the reference casts pixel_values to the tower's dtype before the Conv3d
+      input = arena.alloc(act, {N, P});
+      backend_.convert(input, pixels);
+    }
+    backend_.linear(x, input, w.patch_embed, {});
+
+    // The tables, written while the device embeds the patches.
+    Tensor idx = arena.alloc(DType::kI32, {N, 4});
+    Tensor wts = arena.alloc(DType::kF32, {N, 4});
+    if (staged) {
+      Tensor h_rope = host.alloc(DType::kF32, {N, 2, dh});
+      Tensor h_cu = host.alloc(DType::kI32, {num_segments});
+      Tensor h_idx = host.alloc(DType::kI32, {N, 4});
+      Tensor h_wts = host.alloc(DType::kF32, {N, 4});
+      write_vision_tables(vc, grids, h_idx.as<int32_t>(), h_wts.as<float>(), h_rope.as<float>());
+      std::memcpy(h_cu.data, layout.cu_seqlens.data(), static_cast<size_t>(h_cu.nbytes()));
+      send(rope, h_rope.data);
+      send(cu_seqlens, h_cu.data);
+      send(idx, h_idx.data);
+      send(wts, h_wts.data);
+    } else {
+      send(rope, layout.rope.data());
+      send(cu_seqlens, layout.cu_seqlens.data());
+      send(idx, layout.interp_index.data());
+      send(wts, layout.interp_weight.data());
+    }
     // + learned positions, bilinearly resampled to each image's grid.
-    Tensor idx = upload(arena, DType::kI32, {N, 4}, layout.interp_index.data());
-    Tensor wts = upload(arena, DType::kF32, {N, 4}, layout.interp_weight.data());
     backend_.add_interpolated(x, w.pos_embed, idx, wts);
     arena.reset(stage);
   }

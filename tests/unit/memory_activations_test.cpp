@@ -39,7 +39,8 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   EXPECT_EQ(v.hidden, n * d * b);           // 8 MiB
   EXPECT_EQ(v.rope_table, n * 2 * dh * 4);  // f32 cos/sin
   EXPECT_EQ(v.cu_seqlens, 256);             // 2 × i32, one aligned slot
-  EXPECT_EQ(v.patch_stage, n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  // Pixels as uploaded (f32), their bf16 cast, the bilinear taps and weights.
+  EXPECT_EQ(v.patch_stage, n * 1536 * 4 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
   EXPECT_EQ(v.attention_stage, n * d * b + n * 3 * d * b + n * d * b);
   EXPECT_EQ(v.mlp_stage, n * d * b + n * f * b);
   EXPECT_EQ(v.deepstack_stage, 2 * t * 4 * d * b);
@@ -49,6 +50,16 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   EXPECT_EQ(v.scratch(), n * d * b + n * 2 * dh * 4 + 256 + 41943040);
   EXPECT_EQ(v.peak(), 4 * t * o * b + v.scratch());
   EXPECT_EQ(v.peak(), 73400576);  // 70 MiB + 256 B, the sum above evaluated
+  // The host staging: pixels f32, rope f32, cu_seqlens (one slot), taps i32, weights f32.
+  EXPECT_EQ(v.upload_staging, n * 1536 * 4 + n * 2 * dh * 4 + 256 + n * 4 * 4 + n * 4 * 4);
+}
+
+TEST(Activations, VisionF32ActivationsUploadWithoutACast) {
+  // The CPU backend's activations are f32: the uploaded pixels are the Linear's input.
+  const int64_t n = 64;
+  VisionActivationTerms v = vision_activation_terms(config_4b(), n, DType::kF32);
+  EXPECT_EQ(v.patch_stage, n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.upload_staging, vision_activation_terms(config_4b(), n, DType::kBF16).upload_staging);
 }
 
 TEST(Activations, VisionNoImage) {
@@ -112,8 +123,10 @@ TEST(Activations, RunnerBuffers) {
   EXPECT_EQ(b.arena, 4 * 1024 * 2560 * 2 + 140509184);
   EXPECT_EQ(b.step_inputs, step_input_bytes(2048, 4, 256));
   EXPECT_EQ(b.logits, 4 * 151936 * 2);
-  // No image admitted: the arena is the decoder's alone.
+  EXPECT_EQ(b.upload_staging, vision_activation_terms(config_4b(), 4096, DType::kBF16).upload_staging);
+  // No image admitted: the arena is the decoder's alone, and there is nothing to stage.
   EXPECT_EQ(runner_buffers(config_4b(), RunnerShape{2048, 4, 256, 0}, DType::kBF16).arena, 140509184);
+  EXPECT_EQ(runner_buffers(config_4b(), RunnerShape{2048, 4, 256, 0}, DType::kBF16).upload_staging, 0);
   EXPECT_THROW(runner_buffers(config_4b(), RunnerShape{2, 4, 256, 0}, DType::kBF16), CheckFailure);
 }
 

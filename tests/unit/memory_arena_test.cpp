@@ -6,6 +6,7 @@
 // short of the prediction. Both fail here.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -62,6 +63,24 @@ void check_vision(TinyModel& m, const std::vector<ImageGrid>& grids) {
   EXPECT_EQ(aligned(arena.high_water()), terms.peak()) << patches << " patches in " << segments << " segments";
   // What stays allocated for the caller is exactly the features.
   EXPECT_EQ(aligned(arena.used()), terms.features());
+
+  // Through an upload staging buffer of exactly the predicted size: the same arena peak and the
+  // same outputs bit for bit (only the way the bytes travel differs).
+  DeviceBuffer staging = m.backend->allocate_host(static_cast<size_t>(terms.upload_staging), "staging").value();
+  DeviceBuffer buffer2 = m.backend->allocate(static_cast<size_t>(terms.peak()), "test arena 2").value();
+  Arena arena2(buffer2.data(), buffer2.size(), m.backend->device(), "vision arena 2");
+  Result<VisionOutput> staged = m.model->encode_images(images, arena2, {staging.data(), staging.size()});
+  ASSERT_TRUE(staged.is_ok()) << staged.status().to_string();
+  EXPECT_EQ(aligned(arena2.high_water()), terms.peak());
+  ASSERT_EQ(staged->embeds.nbytes(), out->embeds.nbytes());
+  EXPECT_EQ(std::memcmp(staged->embeds.data, out->embeds.data, out->embeds.nbytes()), 0);
+  ASSERT_EQ(staged->deepstack.size(), out->deepstack.size());
+  for (size_t j = 0; j < out->deepstack.size(); ++j)
+    EXPECT_EQ(std::memcmp(staged->deepstack[j].data, out->deepstack[j].data, out->deepstack[j].nbytes()), 0) << j;
+  // One allocation slot less does not hold the uploads: the prediction is the need, rounded.
+  arena2.reset();
+  EXPECT_THROW((void)m.model->encode_images(images, arena2, {staging.data(), staging.size() - Arena::kAlignment}),
+               CheckFailure);
 }
 
 TEST(ArenaMatchesTheForward, VisionEncoder) {

@@ -206,13 +206,18 @@ TEST(PlannerVerdict, PeakIsTheSumOfItsParts) {
   MemoryPlan p = plan_ok(preset("4b", true), o);
   EXPECT_EQ(p.fixed_bytes, p.weights_device + p.offload_staging + p.offload_page_tables + p.cuda_context +
                                p.cuda_modules + p.backend_workspace + p.activation_arena + p.step_inputs +
-                               p.logits_buffer);
+                               p.logits_buffer + p.upload_staging_page_tables);
+  // The image upload staging (pinned host memory) costs the device its page tables: 8 bytes
+  // per 4 KiB page, in whole 2 MiB pages.
+  EXPECT_EQ(p.upload_staging, p.vision.upload_staging);
+  EXPECT_GT(p.upload_staging, 0);
+  EXPECT_EQ(p.upload_staging_page_tables, round_up((p.upload_staging + 4095) / 4096 * 8, kDeviceGranularity));
   EXPECT_EQ(p.peak_bytes, p.fixed_bytes + p.kv_required_bytes);
   EXPECT_EQ(p.activation_arena,
             round_up(p.vision.features() + std::max(p.vision.scratch(), p.decoder.peak()), kDeviceGranularity));
   // Every top-level allocation is whole 2 MiB pages.
-  for (int64_t a :
-       {p.weights_device, p.activation_arena, p.step_inputs, p.logits_buffer, p.kv_required_bytes, p.backend_workspace})
+  for (int64_t a : {p.weights_device, p.activation_arena, p.step_inputs, p.logits_buffer, p.kv_required_bytes,
+                    p.backend_workspace, p.upload_staging_page_tables})
     EXPECT_EQ(a % kDeviceGranularity, 0) << a;
   // KV capacity is what the budget leaves, in whole pages.
   int64_t room = round_down(p.budget_bytes - p.margin_bytes - p.fixed_bytes, kDeviceGranularity);

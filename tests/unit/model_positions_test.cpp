@@ -182,6 +182,47 @@ TEST(VisionLayout, RopeMatchesAxialFormula) {
   }
 }
 
+// The tables are filled from per-row and per-column cos/sin: the same floats as evaluating
+// cos(float(row) · inv[e]) per patch and per dimension (the direct form of spec §5.3), bit for
+// bit, for several images; written into caller memory they equal the layout's own vectors.
+TEST(VisionLayout, RopeTableEqualsThePerPatchEvaluation) {
+  VisionConfig v;  // head_dim 64
+  const ImageGrid grids[] = {{1, 48, 64}, {1, 6, 2}, {2, 4, 4}};
+  VisionLayout L = vision_layout(v, grids);
+  const std::vector<float> inv = vision_rope_inv_freq(v);
+  const int dh = v.head_dim(), q = dh / 4;
+  int64_t n = 0;
+  for (const ImageGrid& g : grids) {
+    for (int t = 0; t < g.t; ++t) {
+      for (int hb = 0; hb < g.h / 2; ++hb)
+        for (int wb = 0; wb < g.w / 2; ++wb)
+          for (int hi = 0; hi < 2; ++hi)
+            for (int wi = 0; wi < 2; ++wi, ++n) {
+              const int row = 2 * hb + hi, col = 2 * wb + wi;
+              for (int d = 0; d < dh; ++d) {
+                const int e = d % (dh / 2);
+                const float angle = e < q ? static_cast<float>(row) * inv[e] : static_cast<float>(col) * inv[e - q];
+                ASSERT_EQ(L.rope[(n * 2 + 0) * dh + d], std::cos(angle)) << "patch " << n << " dim " << d;
+                ASSERT_EQ(L.rope[(n * 2 + 1) * dh + d], std::sin(angle)) << "patch " << n << " dim " << d;
+              }
+            }
+    }
+  }
+  ASSERT_EQ(n, L.num_patches);
+  std::vector<int32_t> idx(n * 4);
+  std::vector<float> wts(n * 4), rope(n * 2 * dh);
+  write_vision_tables(v, grids, idx.data(), wts.data(), rope.data());
+  EXPECT_EQ(idx, L.interp_index);
+  EXPECT_EQ(wts, L.interp_weight);
+  EXPECT_EQ(rope, L.rope);
+  // Without tables: the same counts and segments, no table memory.
+  VisionLayout bare = vision_layout(v, grids, /*tables=*/false);
+  EXPECT_EQ(bare.num_patches, L.num_patches);
+  EXPECT_EQ(bare.cu_seqlens, L.cu_seqlens);
+  EXPECT_EQ(bare.token_offsets, L.token_offsets);
+  EXPECT_TRUE(bare.rope.empty() && bare.interp_index.empty() && bare.interp_weight.empty());
+}
+
 TEST(VisionLayout, GridValidation) {
   VisionConfig v;
   EXPECT_TRUE(validate_grid({1, 4, 6}, v, 0).is_ok());

@@ -74,6 +74,21 @@ class CpuBackend final : public Backend {
     std::memmove(dst.data, src.data, src.nbytes());
   }
   void synchronize() override {}
+  void convert(Tensor out, const Tensor& x) override {
+    QVL_CHECK_EQ(out.numel(), x.numel()) << "convert " << x.describe() << " -> " << out.describe();
+    const int64_t n = x.numel();
+    if (out.dtype == x.dtype) {
+      copy(out, x);
+    } else if (x.dtype == DType::kF32 && out.dtype == DType::kBF16) {
+      const float* s = x.as<const float>();
+      uint16_t* d = out.as<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+    } else if (x.dtype == DType::kBF16 && out.dtype == DType::kF32) {
+      cpu::to_f32(x.data, x.dtype, 0, n, out.as<float>());
+    } else {
+      QVL_CHECK(false) << "convert " << x.describe() << " -> " << out.describe() << ": F32 <-> BF16 only";
+    }
+  }
 
   // ---- weights ----
   Result<Tensor> load_tensor(const Tensor& host, DType as) override {

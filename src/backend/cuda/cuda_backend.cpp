@@ -137,6 +137,14 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
   }
 
+  void copy_to_device_async(Tensor dst, const void* host_src) override {
+    flush();
+    QVL_CHECK(!capturing()) << "copy_to_device_async while recording a graph";
+    QVL_CHECK(dst.device == Device::kCuda) << dst.describe();
+    if (dst.nbytes() == 0) return;
+    QVL_CUDA_OK(cudaMemcpyAsync(dst.data, host_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+  }
+
   void copy_to_host(void* host_dst, const Tensor& src) override {
     flush();
     QVL_CHECK(!capturing()) << "copy_to_host while recording a graph";
@@ -237,6 +245,12 @@ class CudaBackend final : public Backend {
     }
     if (ctx_.profiler) note("silu_mul " + out.shape_string(), 3.0 * out.nbytes());
     cuda::launch_silu_mul(ctx_, out, gate_up);
+  }
+  void convert(Tensor out, const Tensor& x) override {
+    flush();
+    if (out.dtype == x.dtype) return copy(out, x);
+    if (ctx_.profiler) note("convert " + x.shape_string(), static_cast<double>(x.nbytes() + out.nbytes()));
+    cuda::launch_convert(ctx_, out, x);
   }
   void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override {
     flush();

@@ -219,6 +219,42 @@ __global__ void dequant_fp8_kernel(bf16* dst, const uint8_t* w8, const float* sc
   }
 }
 
+// ---- dtype conversion ----
+// float -> bf16 bits exactly as core/dtype.h float_to_bf16 (round to nearest even; a NaN keeps
+// its upper bits and is made quiet), so that device and host conversions agree bit for bit.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// dst[i] = bf16(src[i]); 8 elements per thread-iteration (two 16-byte loads, one store) and a
+// scalar tail. Both pointers are 16-byte aligned (the launcher checks).
+__global__ void f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t vecs = n / 8;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < vecs; v += stride) {
+    const float4 a = reinterpret_cast<const float4*>(src)[2 * v];
+    const float4 b = reinterpret_cast<const float4*>(src)[2 * v + 1];
+    uint4 o;
+    o.x = f32_to_bf16_bits(a.x) | (uint32_t{f32_to_bf16_bits(a.y)} << 16);
+    o.y = f32_to_bf16_bits(a.z) | (uint32_t{f32_to_bf16_bits(a.w)} << 16);
+    o.z = f32_to_bf16_bits(b.x) | (uint32_t{f32_to_bf16_bits(b.y)} << 16);
+    o.w = f32_to_bf16_bits(b.z) | (uint32_t{f32_to_bf16_bits(b.w)} << 16);
+    reinterpret_cast<uint4*>(dst)[v] = o;
+  }
+  for (int64_t i = vecs * 8 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = f32_to_bf16_bits(src[i]);
+}
+__global__ void bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __uint_as_float(uint32_t{src[i]} << 16);
+}
+
 unsigned grid_for(int64_t work, int threads, int num_sms) {
   int64_t blocks = (work + threads - 1) / threads;
   int64_t cap = static_cast<int64_t>(num_sms) * 16;
@@ -329,6 +365,23 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
   launch(ctx, "dequant_fp8", dequant_fp8_kernel, dim3(grid_for((r1 - r0) * cols, 256, ctx.num_sms)), dim3(256), 0,
          static_cast<bf16*>(dst_bf16), w8.as<uint8_t>(), scale.as<float>(), r0, r1 - r0, cols,
          static_cast<int>(scale.dim(1)), rows_per_scale, block);
+}
+
+void launch_convert(const LaunchContext& ctx, Tensor out, const Tensor& x) {
+  QVL_CHECK(out.device == Device::kCuda && x.device == Device::kCuda) << x.describe() << " -> " << out.describe();
+  QVL_CHECK_EQ(out.numel(), x.numel()) << "convert " << x.describe() << " -> " << out.describe();
+  const int64_t n = x.numel();
+  if (x.dtype == DType::kF32 && out.dtype == DType::kBF16) {
+    QVL_CHECK(reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(out.data) % 16 == 0)
+        << "convert: unaligned " << x.describe() << " -> " << out.describe();
+    launch(ctx, "convert", f32_to_bf16_kernel, dim3(grid_for(std::max<int64_t>(n / 8, 1), 256, ctx.num_sms)), dim3(256),
+           0, out.as<uint16_t>(), x.as<const float>(), n);
+  } else if (x.dtype == DType::kBF16 && out.dtype == DType::kF32) {
+    launch(ctx, "convert", bf16_to_f32_kernel, dim3(grid_for(n, 256, ctx.num_sms)), dim3(256), 0, out.as<float>(),
+           x.as<const uint16_t>(), n);
+  } else {
+    QVL_CHECK(false) << "convert " << x.describe() << " -> " << out.describe() << ": F32 <-> BF16 only";
+  }
 }
 
 }  // namespace qvl::cuda
