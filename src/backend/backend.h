@@ -239,6 +239,10 @@ class Backend {
                               int layer, const TextAttentionShape& shape, float scale) = 0;
   // out[i] = x[rows[i]]                        out [m, H], rows I32 [m]
   virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;
+  // Greedy sampling: ids[i] = the index of the largest entry of logits row i, the first one on
+  // ties (torch.argmax, std::max_element); NaN entries are skipped (a row of NaN gives 0), -0
+  // equals +0.                                 ids I32 [r], logits [r, V] (F32 or BF16)
+  virtual void argmax_rows(Tensor ids, const Tensor& logits);
 
   // ---- growable memory ----
   // Reserves `max_bytes` of address space for a region that grows in place (the KV pool);
@@ -300,6 +304,10 @@ inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_
   Result<DeviceBuffer> buffer = allocate(max_bytes, tag);
   if (!buffer.is_ok()) return buffer.status();
   return std::unique_ptr<DeviceRegion>(new detail::WholeRegion(std::move(buffer).value()));
+}
+
+inline void Backend::argmax_rows(Tensor, const Tensor&) {
+  QVL_CHECK(false) << name() << ": argmax_rows is not implemented";
 }
 
 inline void Backend::convert(Tensor out, const Tensor& x) {

@@ -286,11 +286,25 @@ void EngineImpl::advance(Sequence* seq, int32_t token, Clock::time_point now) {
 void EngineImpl::run_step(Scheduler::Plan& plan) {
   const auto t0 = Clock::now();
   const int vocab = runner_->info().vocab_size;
-  QVL_CHECK_LE(plan.input.logits_rows.size() * static_cast<size_t>(vocab), logits_.size());
+  const size_t rows = plan.input.logits_rows.size();
+  QVL_CHECK_LE(rows * static_cast<size_t>(vocab), logits_.size());
+  // Every sampled row plain greedy: the runner takes the argmax where the logits are.
+  bool greedy = options_.device_greedy && rows > 0;
+  size_t wanted = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!plan.wants_logits[i]) continue;
+    ++wanted;
+    if (!plan.seqs[i]->sampler->plain_greedy()) greedy = false;
+  }
+  QVL_CHECK_EQ(wanted, rows) << "sampled sequences vs logits rows";
+  std::vector<int32_t> greedy_tokens(greedy ? rows : 0);
   Status st;
   try {
-    st = runner_->forward(plan.input, pool_->view(),
-                          std::span<float>(logits_.data(), plan.input.logits_rows.size() * static_cast<size_t>(vocab)));
+    if (greedy)
+      st = runner_->forward_greedy(plan.input, pool_->view(), greedy_tokens);
+    else
+      st = runner_->forward(plan.input, pool_->view(),
+                            std::span<float>(logits_.data(), rows * static_cast<size_t>(vocab)));
   } catch (const std::exception& e) {
     st = internal_error(std::string("forward: ") + e.what());
   }
@@ -314,13 +328,21 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
   const int n = static_cast<int>(sampled.size());
   std::vector<int32_t> tokens(sampled.size(), -1);
   std::vector<std::string> errors(sampled.size());
+  // Greedy steps only record their tokens: no threads for that.
   const int threads =
-      std::max(1, std::min(n, options_.sampling_threads > 0 ? options_.sampling_threads : omp_get_max_threads()));
+      greedy
+          ? 1
+          : std::max(1, std::min(n, options_.sampling_threads > 0 ? options_.sampling_threads : omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (int r = 0; r < n; ++r) {
     try {
-      std::span<float> logits(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
-      tokens[r] = sampled[r]->sampler->sample(logits);
+      if (greedy) {
+        tokens[r] = greedy_tokens[static_cast<size_t>(r)];
+        QVL_CHECK(tokens[r] >= 0 && tokens[r] < vocab) << "greedy token " << tokens[r] << " outside vocab " << vocab;
+      } else {
+        std::span<float> logits(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
+        tokens[r] = sampled[r]->sampler->sample(logits);
+      }
       sampled[r]->sampler->accept(tokens[r]);
     } catch (const std::exception& e) {
       errors[r] = e.what();

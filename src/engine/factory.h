@@ -34,6 +34,9 @@ struct EngineOptions {
   int max_queued = 1024;               // waiting requests beyond the running batch; more -> refused
   int sampling_threads = 0;            // threads sampling the rows of a step; 0 = OpenMP's default
   std::vector<int32_t> eos_token_ids;  // generation_config eos ids (ignored with ignore_eos)
+  // Steps whose sampled rows are all plain greedy (temperature 0, no penalties) take the argmax
+  // where the logits are (ModelRunner::forward_greedy) instead of bringing them to the host.
+  bool device_greedy = true;
 };
 
 // The limits a runner must be built for to serve an engine with `options` and `page_size`.

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "memory/kv_pool.h"
 
 namespace qvl {
@@ -94,6 +95,19 @@ class ModelRunner {
   // Runs one decoder step, writing K/V into `cache` at the slots and the logits rows, in
   // order, into `logits` ([logits_rows.size(), vocab_size] f32 on the host).
   virtual Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) = 0;
+
+  // forward() for a step whose every logits row is sampled greedily (temperature 0, no
+  // penalties): tokens[i] = greedy_argmax of logits row i, the token the sampler would pick from
+  // forward()'s logits. A runner on a device takes the argmax there and brings back only the
+  // ids. The default runs forward() and takes it on the host.
+  virtual Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) {
+    const size_t vocab = static_cast<size_t>(info().vocab_size);
+    std::vector<float> logits(tokens.size() * vocab);
+    Status st = forward(step, cache, logits);
+    if (!st.is_ok()) return st;
+    for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = greedy_argmax(std::span(logits).subspan(r * vocab, vocab));
+    return Status::ok();
+  }
 };
 
 }  // namespace qvl

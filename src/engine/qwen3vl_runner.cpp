@@ -105,6 +105,42 @@ class Qwen3VLRunner final : public ModelRunner {
   }
 
   Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits_out) override {
+    const int64_t R = static_cast<int64_t>(step.logits_rows.size());
+    const int vocab = info_.vocab_size;
+    QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
+    const Tensor logits = run(step, cache, nullptr);
+    if (R == 0) {
+      backend_->synchronize();
+      return Status::ok();
+    }
+    const DType act = backend_->activation_dtype();
+    if (act == DType::kF32) {
+      backend_->copy_to_host(logits_out.data(), logits);
+    } else {
+      QVL_CHECK(act == DType::kBF16) << "logits in " << dtype_name(act);
+      auto* host = reinterpret_cast<bf16_bits*>(host_logits_.data());
+      backend_->copy_to_host(host, logits);
+      for (int64_t i = 0; i < R * vocab; ++i) logits_out[static_cast<size_t>(i)] = bf16_to_float(host[i]);
+    }
+    return Status::ok();
+  }
+
+  // The argmax of each logits row on the device (Backend::argmax_rows, recorded with the step in
+  // a decode graph): R ids come back instead of R x vocab logits.
+  Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
+    const int64_t R = static_cast<int64_t>(step.logits_rows.size());
+    QVL_CHECK_EQ(static_cast<int64_t>(tokens.size()), R);
+    if (R == 0) return forward(step, cache, {});
+    Tensor ids;
+    run(step, cache, &ids);
+    backend_->copy_to_host(tokens.data(), ids);
+    return Status::ok();
+  }
+
+ private:
+  // Runs one step and returns its logits rows [max(R, 1), vocab] on the device; with `greedy_ids`,
+  // also their argmax into a tensor of the step inputs buffer, returned there.
+  Tensor run(const StepInput& step, const KvCacheView& cache, Tensor* greedy_ids) {
     const int64_t S = step.num_tokens(), B = step.num_seqs();
     int64_t P = step.max_pages_per_seq;
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
@@ -113,7 +149,6 @@ class Qwen3VLRunner final : public ModelRunner {
     QVL_CHECK(P > 0 && P <= limits_.max_pages_per_seq) << "page table of " << P << " columns";
     QVL_CHECK_LE(R, B);
     const int vocab = info_.vocab_size;
-    QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
 
     // A decode-only step (one row per sequence, no image rows) may replay a recording: give it
     // the bucketed shape the recording was made with.
@@ -162,6 +197,8 @@ class Qwen3VLRunner final : public ModelRunner {
     backend_->copy_to_device(
         Tensor(inputs_buffer_.data(), DType::kU8, {static_cast<int64_t>(in.used())}, backend_->device()),
         staging_.data());
+    // The greedy ids: written on the device, after the inputs (step_input_bytes counts them).
+    if (greedy_ids) *greedy_ids = in.alloc(DType::kI32, {R});
 
     TextStepInputs inputs;
     inputs.token_ids = token_ids;
@@ -180,30 +217,21 @@ class Qwen3VLRunner final : public ModelRunner {
         backend_->clear_graphs();
         graph_cache_pages_ = cache.num_pages;
       }
-      char key[160];
-      std::snprintf(key, sizeof key, "decode b=%lld p=%lld ctx=%lld kv=%p/%lld arena=%zu", static_cast<long long>(B),
+      char key[176];
+      std::snprintf(key, sizeof key, "decode b=%lld p=%lld ctx=%lld kv=%p/%lld arena=%zu%s", static_cast<long long>(B),
                     static_cast<long long>(P), static_cast<long long>(max_context), cache.base,
-                    static_cast<long long>(cache.num_pages), arena_.used());
-      backend_->run_graph(key, [&] { model_->forward(batch, inputs, cache, logits, arena_); });
+                    static_cast<long long>(cache.num_pages), arena_.used(), greedy_ids ? " greedy" : "");
+      backend_->run_graph(key, [&] {
+        model_->forward(batch, inputs, cache, logits, arena_);
+        if (greedy_ids) backend_->argmax_rows(*greedy_ids, logits);
+      });
     } else {
       model_->forward(batch, inputs, cache, logits, arena_);
+      if (greedy_ids) backend_->argmax_rows(*greedy_ids, logits);
     }
-    if (R == 0) {
-      backend_->synchronize();
-      return Status::ok();
-    }
-    if (act == DType::kF32) {
-      backend_->copy_to_host(logits_out.data(), logits);
-    } else {
-      QVL_CHECK(act == DType::kBF16) << "logits in " << dtype_name(act);
-      auto* host = reinterpret_cast<bf16_bits*>(host_logits_.data());
-      backend_->copy_to_host(host, logits);
-      for (int64_t i = 0; i < R * vocab; ++i) logits_out[static_cast<size_t>(i)] = bf16_to_float(host[i]);
-    }
-    return Status::ok();
+    return logits;
   }
 
- private:
   // Declared first so that it is destroyed last: every buffer below belongs to it.
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Qwen3VLModel> model_;

@@ -39,6 +39,15 @@ Status validate_sampling_params(const SamplingParams& p) {
   return Status::ok();
 }
 
+int32_t greedy_argmax(std::span<const float> row) {
+  int64_t best = -1;
+  for (size_t i = 0; i < row.size(); ++i) {
+    // The first non-NaN entry, then only strictly larger ones (NaN compares false).
+    if (best < 0 ? !std::isnan(row[i]) : row[i] > row[static_cast<size_t>(best)]) best = static_cast<int64_t>(i);
+  }
+  return static_cast<int32_t>(best < 0 ? 0 : best);
+}
+
 Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed)
     : params_(params), vocab_size_(vocab_size), rng_(seed) {
   QVL_CHECK_GT(vocab_size, 0);
@@ -176,10 +185,7 @@ std::vector<TokenProb> Sampler::distribution(std::span<float> logits) {
   QVL_CHECK_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(vocab_size_));
   sc_ = &scratch();
   apply_penalties(logits);
-  if (greedy()) {
-    auto it = std::max_element(logits.begin(), logits.end());  // first maximum, like torch.argmax
-    return {{static_cast<int32_t>(it - logits.begin()), 1.0}};
-  }
+  if (greedy()) return {{greedy_argmax(logits), 1.0}};
   const double sum = filter(logits);
   std::vector<TokenProb> out;
   if (all_survive_) {
@@ -210,10 +216,7 @@ int32_t Sampler::sample(std::span<float> logits) {
   QVL_CHECK_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(vocab_size_));
   sc_ = &scratch();
   apply_penalties(logits);
-  if (greedy()) {
-    auto it = std::max_element(logits.begin(), logits.end());
-    return static_cast<int32_t>(it - logits.begin());
-  }
+  if (greedy()) return greedy_argmax(logits);
   const double sum = filter(logits);
   // Inverse CDF on the unnormalised weights: the first token whose running weight exceeds u·sum.
   const double target = uniform() * sum;

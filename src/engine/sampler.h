@@ -38,6 +38,12 @@ namespace qvl {
 // Rejects parameter values the sampler cannot honour, naming the field and the value.
 Status validate_sampling_params(const SamplingParams& p);
 
+// The greedy pick: the index of the largest entry, the first one on ties (torch.argmax's and
+// std::max_element's choice), -0 equal to +0, NaN entries skipped (a row of NaN gives 0).
+// Backend::argmax_rows follows the same rule, so that a greedy step may take its argmax where
+// the logits are (ModelRunner::forward_greedy) and pick the same tokens.
+int32_t greedy_argmax(std::span<const float> row);
+
 // One surviving token and its final probability.
 struct TokenProb {
   int32_t id = 0;
@@ -67,6 +73,9 @@ class Sampler {
   static int32_t pick(const std::vector<TokenProb>& dist, double u);
 
   bool greedy() const { return params_.temperature == 0.0f; }
+  // Greedy with no penalty: sample() is then greedy_argmax of the raw logits, which a device can
+  // take without sending the logits (ModelRunner::forward_greedy).
+  bool plain_greedy() const { return greedy() && !track_seen_ && !track_counts_; }
   const SamplingParams& params() const { return params_; }
 
  private:

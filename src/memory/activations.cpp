@@ -103,13 +103,14 @@ RunnerBuffers runner_buffers(const ModelConfig& config, const RunnerShape& shape
 }
 
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq) {
-  return arena_bytes(step_tokens, DType::kI32)                      // token ids
-         + arena_bytes(max_seqs, DType::kI32)                       // logits rows
-         + arena_bytes(step_tokens * 3, DType::kI32)                // M-RoPE positions
-         + arena_bytes(step_tokens, DType::kI32)                    // KV slots
-         + arena_bytes(max_seqs + 1, DType::kI32)                   // query_start
-         + arena_bytes(max_seqs, DType::kI32)                       // context_len
-         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32);  // page_table
+  return arena_bytes(step_tokens, DType::kI32)                     // token ids
+         + arena_bytes(max_seqs, DType::kI32)                      // logits rows
+         + arena_bytes(step_tokens * 3, DType::kI32)               // M-RoPE positions
+         + arena_bytes(step_tokens, DType::kI32)                   // KV slots
+         + arena_bytes(max_seqs + 1, DType::kI32)                  // query_start
+         + arena_bytes(max_seqs, DType::kI32)                      // context_len
+         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32)  // page_table
+         + arena_bytes(max_seqs, DType::kI32);                     // greedy ids (device argmax)
 }
 
 }  // namespace qvl

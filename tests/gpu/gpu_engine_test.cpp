@@ -3,6 +3,8 @@
 // back for the sampler, decode steps through recorded graphs, a KV region that grows in place.
 //   - decode graphs on and off give bit-identical tokens (same requests, same shapes), with a
 //     BF16 and with an FP8 E4M3 KV cache;
+//   - device greedy (the argmax taken on the GPU, recorded with the decode graph, only the ids
+//     brought back) gives the host sampler's tokens, with graphs and without;
 //   - a KV pool that grows by two pages at a time mid-generation gives the same tokens as one
 //     committed up front (growth keeps the base; recordings restart with the new page count);
 //   - the five reference cases run together in a busy batch (chunked prefill, preemption,
@@ -124,6 +126,7 @@ struct EngineShape {
   int64_t grow_pages = 256;
   bool graphs = true;
   DType kv_dtype = DType::kBF16;
+  bool device_greedy = true;
 };
 
 std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
@@ -132,6 +135,7 @@ std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
   eo.max_step_tokens = shape.step_tokens;
   eo.max_context = 256;
   eo.eos_token_ids = {151645, 151643};
+  eo.device_greedy = shape.device_greedy;
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, 4, t.max_patches);
   ro.kv_dtype = shape.kv_dtype;
@@ -187,6 +191,27 @@ TEST(GpuEngine, DecodeGraphsOnAndOffGiveTheSameTokens) {
     eager.kv_dtype = graphs.kv_dtype = kv;
     auto a = run_each(*make_cuda_engine(t, eager), t.cases);
     auto b = run_each(*make_cuda_engine(t, graphs), t.cases);
+    for (size_t i = 0; i < t.cases.size(); ++i) {
+      EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
+      EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
+    }
+  }
+}
+
+TEST(GpuEngine, DeviceGreedyGivesTheHostSamplersTokens) {
+  QVL_REQUIRE_CUDA();
+  std::string why;
+  Tiny& t = tiny(&why);
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "decode graphs" : "eager");
+    // Each case alone: the same shapes on both engines, so the logits are bit-identical and only
+    // where the argmax is taken differs.
+    EngineShape host, device;
+    host.device_greedy = false;
+    host.graphs = device.graphs = graphs;
+    auto a = run_each(*make_cuda_engine(t, host), t.cases);
+    auto b = run_each(*make_cuda_engine(t, device), t.cases);
     for (size_t i = 0; i < t.cases.size(); ++i) {
       EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
       EXPECT_EQ(b[i], a[i]) << t.cases[i].name;

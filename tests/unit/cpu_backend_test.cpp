@@ -220,6 +220,56 @@ TEST_F(CpuOps, EmbeddingGatherScatter) {
   expect_close(g, gw, "gather");
 }
 
+TEST_F(CpuOps, ArgmaxRows) {
+  // The greedy rule (backend.h): the largest entry, the first one on ties, NaN skipped (a row of
+  // NaN gives 0), -0 == +0. Each row's answer is worked out beside it.
+  const float nan = std::nanf(""), inf = INFINITY;
+  const int64_t V = 7;
+  std::vector<float> x = {
+      1,    3,     2,    3,    -1,    0,      3,        // ties of 3 at 1, 3, 6: 1
+      nan,  -5,    nan,  -2,   -2,    nan,    -7,       // NaN first and between; -2 at 3 and 4: 3
+      nan,  nan,   nan,  nan,  nan,   nan,    nan,      // all NaN: 0
+      -1,   -0.0f, 0.0f, -2,   -0.0f, -inf,   -3,       // zeros at 1, 2, 4 (signs differ, equal): 1
+      -inf, -inf,  inf,  nan,  inf,   5,      6,        // +inf at 2 and 4: 2
+      -inf, -inf,  -inf, -inf, -inf,  -inf,   -inf,     // every entry equal: 0
+      -4,   -3,    -2,   -1,   -0.5f, -0.25f, -0.125f,  // increasing: the last, 6
+  };
+  const std::vector<int32_t> want = {1, 3, 0, 1, 2, 0, 6};
+  const int64_t R = static_cast<int64_t>(want.size());
+  std::vector<int32_t> ids(static_cast<size_t>(R), -1);
+  be->argmax_rows(i32(ids, {R}), f32(x, {R, V}));
+  EXPECT_EQ(ids, want) << "F32";
+
+  // The same rows in BF16 (every value above is exact in BF16), and one row where BF16 makes two
+  // F32 values equal: 1 + 2^-8 rounds to 1 (half an ulp of BF16's 7-bit mantissa, ties to even),
+  // so F32 picks index 1 and BF16 the first of the now equal pair, index 0.
+  std::vector<float> extra = {1.0f, 1.00390625f, 0.5f, -1, 0, 0.75f, 0.99609375f};
+  std::vector<float> xe = x;
+  xe.insert(xe.end(), extra.begin(), extra.end());
+  std::vector<uint16_t> xb(xe.size());
+  for (size_t i = 0; i < xe.size(); ++i) xb[i] = float_to_bf16(xe[i]);
+  EXPECT_EQ(bf16_to_float(xb[xb.size() - 6]), 1.0f);  // the rounding the row relies on
+  std::vector<int32_t> idb(static_cast<size_t>(R + 1), -1), ide(static_cast<size_t>(R + 1), -1);
+  be->argmax_rows(i32(idb, {R + 1}), Tensor(xb.data(), DType::kBF16, {R + 1, V}));
+  std::vector<int32_t> wantb = want;
+  wantb.push_back(0);
+  EXPECT_EQ(idb, wantb) << "BF16";
+  be->argmax_rows(i32(ide, {R + 1}), f32(xe, {R + 1, V}));
+  EXPECT_EQ(ide.back(), 1) << "F32 keeps 1 + 2^-8 above 1";
+
+  // A long row: values in [-1, 1) with 2 planted at 613 and 877 (the first wins).
+  std::vector<float> big = randu(1000, 21);
+  big[877] = 2.0f;
+  big[613] = 2.0f;
+  std::vector<int32_t> one(1, -1);
+  be->argmax_rows(i32(one, {1}), f32(big, {1, 1000}));
+  EXPECT_EQ(one[0], 613);
+
+  // ids must hold one entry per row.
+  std::vector<int32_t> short_ids(2);
+  EXPECT_THROW(be->argmax_rows(i32(short_ids, {2}), f32(x, {R, V})), CheckFailure);
+}
+
 TEST_F(CpuOps, RmsNormAndLayerNorm) {
   const int64_t n = 5, H = 37;
   std::vector<float> x = randu(n * H, 6, -3, 3), w = randu(H, 7), b = randu(H, 8), out(n * H);

@@ -5,11 +5,18 @@
 //   - the same requests give the same tokens alone and inside a busy batch (small steps so that
 //     prompts are chunked beside decodes, a small pool so that sequences are preempted and
 //     recomputed, images encoded one at a time);
-//   - the same seed gives the same sampled tokens.
+//   - the same seed gives the same sampled tokens;
+//   - device greedy (ModelRunner::forward_greedy: the argmax taken by the backend, only the ids
+//     brought back) equals the host argmax of forward()'s logits on every step of a busy run, and
+//     an engine with it on gives the same tokens as with it off, beside sampled and penalised
+//     requests (which keep the host sampler).
 // The CPU backend computes every row independently of its batch (model_chunked_test.cpp), so
 // tokens must match exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <random>
 
 #include "engine/factory.h"
@@ -37,25 +44,31 @@ TinyModel& tiny() {
   return *m;
 }
 
+using WrapRunner = std::function<std::unique_ptr<ModelRunner>(std::unique_ptr<ModelRunner>)>;
+
 std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64_t pool_pages, int page_size = 4,
-                                         bool decode_graphs = false) {
+                                         bool decode_graphs = false, bool device_greedy = true,
+                                         const WrapRunner& wrap = {}) {
   TinyModel& t = tiny();
   EngineOptions eo;
   eo.max_running = max_running;
   eo.max_step_tokens = step_tokens;
   eo.max_context = 256;
   eo.eos_token_ids = {151645, 151643};
+  eo.device_greedy = device_greedy;
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, page_size, /*max_image_patches=*/64);
   ro.kv_dtype = DType::kF32;
   ro.decode_graphs = decode_graphs;
-  auto runner = make_qwen3vl_runner(t.backend, t.model, ro);
-  EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
-  const KvLayout layout = (*runner)->info().kv_layout;
+  auto made = make_qwen3vl_runner(t.backend, t.model, ro);
+  EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+  std::unique_ptr<ModelRunner> runner = std::move(made).value();
+  if (wrap) runner = wrap(std::move(runner));
+  const KvLayout layout = runner->info().kv_layout;
   auto storage = make_host_region(layout.token_bytes() * page_size * pool_pages).value();
   auto pool = KvPagePool::create(std::move(storage), layout, {page_size, pool_pages, 4, 0});
   EXPECT_TRUE(pool.is_ok()) << pool.status().to_string();
-  auto engine = make_engine(std::move(runner).value(), std::move(pool).value(), test::fake_text_streams(), eo);
+  auto engine = make_engine(std::move(runner), std::move(pool).value(), test::fake_text_streams(), eo);
   EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
   return std::move(engine).value();
 }
@@ -190,6 +203,152 @@ TEST(EngineModel, SameSeedSameTokens) {
   auto out = run_all(*engine, {r, r, r2});
   EXPECT_EQ(out[0], out[1]);
   EXPECT_NE(out[0], out[2]);
+}
+
+// What GreedyCheckRunner saw.
+struct GreedyCheck {
+  int steps = 0, rows = 0, steps_without_rows = 0, steps_with_several_rows = 0, mismatches = 0, nans = 0;
+};
+
+// Runs every step of the engine twice: forward() for the engine's sampler, then forward_greedy()
+// on the same inputs (which rewrites the same K/V), and compares its ids with the first maximum
+// of each logits row, found here with std::max_element.
+class GreedyCheckRunner final : public ModelRunner {
+ public:
+  GreedyCheckRunner(std::unique_ptr<ModelRunner> inner, std::shared_ptr<GreedyCheck> check)
+      : inner_(std::move(inner)), check_(std::move(check)) {}
+  const ModelInfo& info() const override { return inner_->info(); }
+  std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids, const std::vector<PreparedImage>& images,
+                                        int64_t* rope_delta) const override {
+    return inner_->prompt_positions(prompt_ids, images, rope_delta);
+  }
+  Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) override {
+    return inner_->encode_image(image);
+  }
+  Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) override {
+    QVL_RETURN_IF_ERROR(inner_->forward(step, cache, logits));
+    const size_t R = step.logits_rows.size(), V = static_cast<size_t>(info().vocab_size);
+    std::vector<int32_t> ids(R, -1);
+    QVL_RETURN_IF_ERROR(inner_->forward_greedy(step, cache, ids));
+    ++check_->steps;
+    check_->rows += static_cast<int>(R);
+    check_->steps_without_rows += R == 0;
+    check_->steps_with_several_rows += R > 1;
+    for (size_t r = 0; r < R; ++r) {
+      std::span<const float> row = logits.subspan(r * V, V);
+      check_->nans += static_cast<int>(std::count_if(row.begin(), row.end(), [](float v) { return std::isnan(v); }));
+      if (ids[r] != std::max_element(row.begin(), row.end()) - row.begin()) ++check_->mismatches;
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  std::shared_ptr<GreedyCheck> check_;
+};
+
+// Passes every call through, counting the steps that took each path.
+struct PathCounts {
+  int forward = 0, greedy = 0;
+};
+class CountingRunner final : public ModelRunner {
+ public:
+  CountingRunner(std::unique_ptr<ModelRunner> inner, std::shared_ptr<PathCounts> counts)
+      : inner_(std::move(inner)), counts_(std::move(counts)) {}
+  const ModelInfo& info() const override { return inner_->info(); }
+  std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids, const std::vector<PreparedImage>& images,
+                                        int64_t* rope_delta) const override {
+    return inner_->prompt_positions(prompt_ids, images, rope_delta);
+  }
+  Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) override {
+    return inner_->encode_image(image);
+  }
+  Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) override {
+    ++counts_->forward;
+    return inner_->forward(step, cache, logits);
+  }
+  Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
+    ++counts_->greedy;
+    return inner_->forward_greedy(step, cache, tokens);
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  std::shared_ptr<PathCounts> counts_;
+};
+
+// Five requests of a busy run: three greedy ones (prompt salts 0, 6 and 7, whose greedy tokens
+// differ on the tiny model, so that a token handed to the wrong sequence shows), one sampled and
+// one greedy with a repetition penalty.
+std::vector<GenerationRequest> mixed_requests() {
+  std::vector<GenerationRequest> reqs;
+  for (int i : {0, 1, 2, 6, 7}) reqs.push_back(make_request({random_image(4, 2 + 2 * (i % 2), 40 + i)}, i, 10));
+  reqs[1].sampling.temperature = 0.8f;
+  reqs[1].sampling.top_k = 40;
+  reqs[1].sampling.seed = 7;
+  reqs[2].sampling.repetition_penalty = 1.5f;
+  return reqs;
+}
+
+TEST(EngineModel, ForwardGreedyIsTheArgmaxOfTheForwardLogits) {
+  auto check = std::make_shared<GreedyCheck>();
+  auto wrap = [&](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
+    return std::make_unique<GreedyCheckRunner>(std::move(inner), check);
+  };
+  // Greedy requests only, 7-row steps (prompts chunked beside decodes: steps with no logits row,
+  // with one and with several), decode graphs on (the bucketed decode shape).
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(make_request({random_image(2, 2 + 2 * (i % 2), 50 + i)}, i, 9));
+  auto checked = make_tiny_engine(4, 7, 64, 4, /*decode_graphs=*/true, /*device_greedy=*/false, wrap);
+  auto got = run_all(*checked, reqs);
+  EXPECT_GT(check->steps, 10);
+  EXPECT_GT(check->steps_without_rows, 0);
+  EXPECT_GT(check->steps_with_several_rows, 0);
+  EXPECT_EQ(check->rows, 4 * 9);  // one row per generated token
+  EXPECT_EQ(check->nans, 0);      // finite logits: max_element is the greedy rule here
+  EXPECT_EQ(check->mismatches, 0) << "of " << check->rows << " rows";
+  // Running each step twice changed nothing: the same tokens as a plain engine.
+  auto plain = make_tiny_engine(4, 7, 64, 4, /*decode_graphs=*/true, /*device_greedy=*/false);
+  EXPECT_EQ(got, run_all(*plain, reqs));
+}
+
+TEST(EngineModel, DeviceGreedyOnAndOffGiveTheSameTokens) {
+  const std::vector<GenerationRequest> reqs = mixed_requests();
+  // The penalised request must pick other tokens than its plain greedy twin, or taking it down
+  // the device path by mistake would go unnoticed.
+  GenerationRequest twin = reqs[2];
+  twin.sampling.repetition_penalty = 1.0f;
+  auto alone = make_tiny_engine(1, 64, 64, 4, /*decode_graphs=*/false, /*device_greedy=*/false);
+  ASSERT_NE(run_all(*alone, {twin})[0], run_all(*alone, {reqs[2]})[0]);
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "decode graphs" : "eager");
+    auto host_counts = std::make_shared<PathCounts>(), device_counts = std::make_shared<PathCounts>();
+    auto counting = [](std::shared_ptr<PathCounts> c) {
+      return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
+        return std::make_unique<CountingRunner>(std::move(inner), c);
+      };
+    };
+    // 7-row steps and 30 pages: chunked prompts, preemption.
+    auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/false, counting(host_counts));
+    auto device = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(device_counts));
+    const auto want = run_all(*host, reqs);
+    const auto got = run_all(*device, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(want[i].size(), 10u) << "request " << i;
+      EXPECT_EQ(got[i], want[i]) << "request " << i;
+    }
+    ASSERT_TRUE(want[0] != want[3] && want[0] != want[4] && want[3] != want[4]) << "the greedy requests must differ";
+    // Without the sampled request, a penalised row is the only thing keeping a step on the host.
+    const std::vector<GenerationRequest> no_sampled = {reqs[0], reqs[2], reqs[3], reqs[4]};
+    EXPECT_EQ(run_all(*device, no_sampled), run_all(*host, no_sampled));
+    // Greedy requests only: every step with a logits row takes the device path, several rows at once.
+    const int before = device_counts->greedy;
+    EXPECT_EQ(run_all(*device, {reqs[0], reqs[3], reqs[4]}),
+              (std::vector<std::vector<int32_t>>{want[0], want[3], want[4]}));
+    EXPECT_EQ(host_counts->greedy, 0);
+    EXPECT_GT(before, 0);                          // the mixed runs had all-greedy steps
+    EXPECT_GE(device_counts->greedy - before, 9);  // at least the 9 decode steps after the first token
+  }
 }
 
 }  // namespace

@@ -53,6 +53,38 @@ TEST(Sampler, GreedyTakesFirstMaximum) {
   EXPECT_EQ(s.sample(logits), 1);  // tie between 1 and 3: torch.argmax returns the first
 }
 
+TEST(Sampler, GreedySkipsNaNAndCountsMinusZeroAsZero) {
+  // The rule Backend::argmax_rows follows (greedy_argmax): NaN entries never win, a NaN first
+  // entry included (std::max_element would return it); -0 == +0, so the first zero wins.
+  SamplingParams p = plain();
+  p.temperature = 0;
+  Sampler s(p, 5, 1);
+  const float nan = std::nanf("");
+  std::vector<float> a{nan, -3.0f, nan, -1.0f, -2.0f};
+  EXPECT_EQ(s.sample(a), 3);  // -1 is the largest number
+  std::vector<float> b{-1.0f, -0.0f, 0.0f, nan, -0.0f};
+  EXPECT_EQ(s.sample(b), 1);  // the zeros at 1, 2 and 4 are equal
+  std::vector<float> c(5, nan);
+  EXPECT_EQ(s.sample(c), 0);  // nothing to pick: 0
+  std::vector<float> d{-INFINITY, nan, -INFINITY, INFINITY, INFINITY};
+  EXPECT_EQ(s.sample(d), 3);  // the first +inf
+  EXPECT_EQ(greedy_argmax(d), 3);
+  EXPECT_EQ(greedy_argmax(std::vector<float>{}), 0);
+}
+
+TEST(Sampler, PlainGreedyMeansNoPenalty) {
+  // Only temperature 0 without penalties may skip the host sampler (the engine's device greedy).
+  SamplingParams p = plain();
+  EXPECT_FALSE(Sampler(p, 5, 1).plain_greedy());
+  p.temperature = 0;
+  EXPECT_TRUE(Sampler(p, 5, 1).plain_greedy());
+  SamplingParams rep = p, pres = p, freq = p;
+  rep.repetition_penalty = 1.1f;
+  pres.presence_penalty = 0.5f;
+  freq.frequency_penalty = -0.5f;
+  for (const SamplingParams& q : {rep, pres, freq}) EXPECT_FALSE(Sampler(q, 5, 1).plain_greedy());
+}
+
 TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
   SamplingParams p = plain();
   p.temperature = 0;

@@ -74,6 +74,21 @@ class CpuBackend final : public Backend {
     std::memmove(dst.data, src.data, src.nbytes());
   }
   void synchronize() override {}
+  void argmax_rows(Tensor ids, const Tensor& logits) override {
+    QVL_CHECK(ids.dtype == DType::kI32 && logits.ndim == 2 && ids.numel() == logits.dim(0))
+        << "argmax_rows " << ids.describe() << " of " << logits.describe();
+    QVL_CHECK(logits.dtype == DType::kF32 || logits.dtype == DType::kBF16) << "argmax over " << logits.describe();
+    const int64_t V = logits.dim(1);
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int64_t r = 0; r < logits.dim(0); ++r) {
+      cpu::to_f32(logits.data, logits.dtype, r * V, V, row.data());
+      int64_t best = -1;
+      for (int64_t i = 0; i < V; ++i) {
+        if (best < 0 ? !std::isnan(row[i]) : row[i] > row[best]) best = i;
+      }
+      ids.as<int32_t>()[r] = static_cast<int32_t>(std::max<int64_t>(best, 0));
+    }
+  }
   void convert(Tensor out, const Tensor& x) override {
     QVL_CHECK_EQ(out.numel(), x.numel()) << "convert " << x.describe() << " -> " << out.describe();
     const int64_t n = x.numel();

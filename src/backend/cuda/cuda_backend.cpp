@@ -77,8 +77,9 @@ class CudaBackend final : public Backend {
     QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
     QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
     QVL_ASSIGN_OR_RETURN(decode_scratch_, allocate(cuda_decode_scratch_bytes(options_), "decode attention scratch"));
-    // The arrival counters at the end of the scratch start at zero (and the kernel leaves them so).
-    QVL_CUDA_OK(cudaMemset(decode_counters(), 0, kDecodeSplitBlocks * sizeof(uint32_t)));
+    // The argmax keys and counters and the arrival counters at the end of the scratch start at
+    // zero (and the kernels leave them so).
+    QVL_CUDA_OK(cudaMemset(argmax_scratch(), 0, kArgmaxScratchBytes + kDecodeSplitBlocks * sizeof(uint32_t)));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
     cuda::configure_vision_attention();
     cuda::configure_text_attention();
@@ -246,6 +247,11 @@ class CudaBackend final : public Backend {
     if (ctx_.profiler) note("silu_mul " + out.shape_string(), 3.0 * out.nbytes());
     cuda::launch_silu_mul(ctx_, out, gate_up);
   }
+  void argmax_rows(Tensor ids, const Tensor& logits) override {
+    flush();
+    if (ctx_.profiler) note("argmax_rows " + logits.shape_string(), static_cast<double>(logits.nbytes()));
+    cuda::launch_argmax_rows(ctx_, ids, logits, argmax_scratch(), kArgmaxScratchBytes);
+  }
   void convert(Tensor out, const Tensor& x) override {
     flush();
     if (out.dtype == x.dtype) return copy(out, x);
@@ -324,7 +330,8 @@ class CudaBackend final : public Backend {
     if (batch.num_tokens == batch.num_seqs) {
       cuda::launch_text_decode_attention(
           ctx_, out, qkv, batch, cache, layer, shape, scale, static_cast<float*>(decode_scratch_.data()),
-          decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t), decode_counters(), fuse ? &fused : nullptr);
+          decode_scratch_.size() - kArgmaxScratchBytes - kDecodeSplitBlocks * sizeof(uint32_t), decode_counters(),
+          fuse ? &fused : nullptr);
     } else {
       cuda::launch_text_prefill_attention(ctx_, out, qkv, batch, cache, layer, shape, scale);
     }
@@ -344,6 +351,13 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The decode scratch: split partials, then the argmax keys and counters, then the split
+  // decode's arrival counters.
+  static constexpr size_t kArgmaxScratchBytes = kArgmaxMaxRows * kArgmaxRowScratchBytes;
+  void* argmax_scratch() const {
+    return static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t) -
+           kArgmaxScratchBytes;
+  }
   uint32_t* decode_counters() const {
     return reinterpret_cast<uint32_t*>(static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() -
                                        kDecodeSplitBlocks * sizeof(uint32_t));

@@ -67,13 +67,21 @@ struct CudaBackendOptions {
 inline constexpr int kDecodeMaxSplits = 32;
 inline constexpr int kDecodeSplitBlocks = 256;
 
+// Greedy sampling on the device (Backend::argmax_rows) keeps a 64-bit key and an arrival
+// counter per row, zero between launches, for up to kArgmaxMaxRows rows per launch (more rows
+// take several launches); they live in the decode scratch.
+inline constexpr int64_t kArgmaxMaxRows = 1024;
+inline constexpr size_t kArgmaxRowScratchBytes = sizeof(uint64_t) + sizeof(uint32_t);
+
 // Device bytes the backend allocates for itself when made (all workspaces and scratch; not the
 // CUDA context and module code, which the planner measures as a constant).
 inline size_t cuda_decode_scratch_bytes(const CudaBackendOptions& o) {
   // per (seq, q head, split): head_dim fp32 partial outputs + running max + sum
   size_t per = static_cast<size_t>(o.max_head_dim + 2) * sizeof(float);
-  // + one arrival counter per (sequence, kv head) of a split decode (the last split merges)
-  return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + kDecodeSplitBlocks * sizeof(uint32_t);
+  // + the argmax keys and counters, + one arrival counter per (sequence, kv head) of a split
+  // decode (the last split merges)
+  return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + kArgmaxMaxRows * kArgmaxRowScratchBytes +
+         kDecodeSplitBlocks * sizeof(uint32_t);
 }
 inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o) {
   return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_decode_scratch_bytes(o);

@@ -133,6 +133,12 @@ inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
 
+// ---- argmax.cu ----
+// ids[r] = the first index of row r's largest logit (NaN skipped). `scratch` holds
+// kArgmaxMaxRows keys and counters, zero (and left zero).
+void launch_argmax_rows(const LaunchContext& ctx, Tensor ids, const Tensor& logits, void* scratch,
+                        size_t scratch_bytes);
+
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
 void configure_text_attention();

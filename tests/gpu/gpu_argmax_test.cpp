@@ -1,0 +1,165 @@
+// CUDA argmax_rows (greedy sampling on the device) against the CPU backend's on the same logits,
+// ids compared exactly:
+// - BF16 and F32 rows; vocab sizes that are multiples of 8 (the 16-byte loads) and that are not
+//   (the scalar path), one row split over many blocks (151,936 = Qwen's vocabulary, and one past
+//   the 64-block cap), slice edges (4095, 4097), rows misaligned for 16-byte loads;
+// - more rows than one launch takes (kArgmaxMaxRows), so the keys and counters are reused and must
+//   have been left zero;
+// - rows built to trip the rule: many tied maxima (small integers), NaN first and scattered, rows
+//   of NaN, -0 beside +0, ±inf;
+// - a recorded graph replayed over new logits.
+// The CPU ids are also checked against greedy_argmax (the host sampler's rule).
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "engine/sampler.h"
+#include "gpu/gpu_util.h"
+
+namespace qvl::test::gpu {
+namespace {
+
+// Row r of kind r % 7; every value is exact in BF16, so both dtypes hold the same numbers.
+std::vector<float> tricky_logits(int64_t rows, int64_t vocab) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> small(-8, 3), pick(0, 9);
+  std::vector<float> x(static_cast<size_t>(rows * vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * vocab;
+    for (int64_t i = 0; i < vocab; ++i) {
+      float v = 0;
+      switch (r % 7) {
+        case 0:  // random: a unique maximum, most likely
+          v = round_to_bf16(normal(rng()));
+          break;
+        case 1:  // integers up to 3: the maximum tied many times over
+          v = static_cast<float>(small(rng()));
+          break;
+        case 2:  // as 1, with NaN first and in about one entry in ten
+          v = i == 0 || pick(rng()) == 0 ? nan : static_cast<float>(small(rng()));
+          break;
+        case 3:  // nothing but NaN: 0
+          v = nan;
+          break;
+        case 4: {  // at most zero: -0 and +0 tied at the top
+          const float z[4] = {-0.0f, 0.0f, -1.0f, -2.0f};
+          v = z[pick(rng()) % 4];
+          break;
+        }
+        case 5: {  // infinities, NaN and a finite value: +inf tied
+          const float z[4] = {-inf, inf, nan, 1.0f};
+          v = pick(rng()) < 8 ? -inf : z[pick(rng()) % 4];
+          break;
+        }
+        default:  // every entry -inf: 0
+          v = -inf;
+      }
+      row[i] = v;
+    }
+  }
+  return x;
+}
+
+struct Logits {
+  Tensor c, g;  // the CPU's and CUDA's copies, same dtype
+};
+
+// `offset` elements into a buffer: an offset of 1 misaligns every row for 16-byte loads.
+Logits upload(Scratch& s, DType dt, int64_t rows, int64_t vocab, const std::vector<float>& x, int64_t offset) {
+  const int64_t n = rows * vocab + offset;
+  Logits l{s.alloc(cpu(), dt, {n}), s.alloc(*cuda(), dt, {n})};
+  std::vector<float> padded(static_cast<size_t>(offset), 0.0f);
+  padded.insert(padded.end(), x.begin(), x.end());
+  if (dt == DType::kBF16) {
+    std::vector<uint16_t> b = to_bf16_bits(padded);
+    cpu().copy_to_device(l.c, b.data());
+    cuda()->copy_to_device(l.g, b.data());
+  } else {
+    cpu().copy_to_device(l.c, padded.data());
+    cuda()->copy_to_device(l.g, padded.data());
+  }
+  const size_t skip = static_cast<size_t>(offset) * dtype_size(dt);
+  l.c = Tensor(static_cast<char*>(l.c.data) + skip, dt, {rows, vocab}, cpu().device());
+  l.g = Tensor(static_cast<char*>(l.g.data) + skip, dt, {rows, vocab}, cuda()->device());
+  return l;
+}
+
+std::vector<int32_t> ids_of(Backend& be, const Tensor& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t);
+  return v;
+}
+
+// Runs both backends over `x` and compares the ids.
+void check(const std::string& what, DType dt, int64_t rows, int64_t vocab, const std::vector<float>& x,
+           int64_t offset = 0) {
+  Scratch s;
+  Logits l = upload(s, dt, rows, vocab, x, offset);
+  Tensor ic = s.alloc(cpu(), DType::kI32, {rows}), ig = s.alloc(*cuda(), DType::kI32, {rows});
+  std::vector<int32_t> minus(static_cast<size_t>(rows), -1);
+  cuda()->copy_to_device(ig, minus.data());  // stale ids must be overwritten
+  cpu().argmax_rows(ic, l.c);
+  cuda()->argmax_rows(ig, l.g);
+  const std::vector<int32_t> want = ids_of(cpu(), ic), got = ids_of(*cuda(), ig);
+  int64_t bad = 0, host_bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> row(x.begin() + r * vocab, x.begin() + (r + 1) * vocab);
+    if (dt == DType::kBF16)
+      for (float& v : row) v = round_to_bf16(v);
+    host_bad += want[static_cast<size_t>(r)] != greedy_argmax(row);
+    if (got[static_cast<size_t>(r)] != want[static_cast<size_t>(r)]) {
+      if (bad < 5)
+        ADD_FAILURE() << what << " row " << r << " (kind " << r % 7 << "): CUDA " << got[static_cast<size_t>(r)]
+                      << ", CPU " << want[static_cast<size_t>(r)];
+      ++bad;
+    }
+  }
+  EXPECT_EQ(host_bad, 0) << what << ": the CPU backend and greedy_argmax disagree";
+  CheckRow row{std::string("argmax_rows ") + std::string(dtype_name(dt)) + (offset ? " misaligned" : ""), what};
+  row.max_abs = static_cast<double>(bad);
+  row.pass = bad == 0 && host_bad == 0;
+  record(row);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << rows << " rows differ";
+}
+
+TEST(GpuArgmax, MatchesTheCpuBackend) {
+  QVL_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, vocab;
+  };
+  const int64_t many = kArgmaxMaxRows * 2 + 52;  // three launches
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (Case c : {Case{1, 151936}, Case{7, 151936}, Case{14, 37}, Case{21, 1001}, Case{7, 8}, Case{9, 4095},
+                   Case{9, 4097}, Case{3, 262144 + 4104}, Case{many, 264}, Case{kArgmaxMaxRows + 1, 9}}) {
+      check(dims({c.rows, c.vocab}), dt, c.rows, c.vocab, tricky_logits(c.rows, c.vocab));
+    }
+    for (Case c : {Case{7, 1024}, Case{kArgmaxMaxRows + 3, 40}})  // vocab a multiple of 8, rows misaligned
+      check(dims({c.rows, c.vocab}), dt, c.rows, c.vocab, tricky_logits(c.rows, c.vocab), 1);
+  }
+}
+
+TEST(GpuArgmax, GraphReplayTakesNewLogits) {
+  QVL_REQUIRE_CUDA();
+  Backend& be = *cuda();
+  const int64_t rows = 5, vocab = 151936;
+  Scratch s;
+  Tensor logits = s.alloc(be, DType::kBF16, {rows, vocab}), ids = s.alloc(be, DType::kI32, {rows});
+  Tensor lc = s.alloc(cpu(), DType::kBF16, {rows, vocab}), ic = s.alloc(cpu(), DType::kI32, {rows});
+  for (int round = 0; round < 3; ++round) {
+    // Round 0 records, rounds 1 and 2 replay over new contents at the same addresses.
+    std::vector<uint16_t> b = to_bf16_bits(tricky_logits(rows, vocab));
+    be.copy_to_device(logits, b.data());
+    cpu().copy_to_device(lc, b.data());
+    be.run_graph("argmax-test", [&] { be.argmax_rows(ids, logits); });
+    cpu().argmax_rows(ic, lc);
+    const bool same = ids_of(be, ids) == ids_of(cpu(), ic);
+    CheckRow row{"argmax_rows graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
+    row.pass = same;
+    record(row);
+    EXPECT_TRUE(same) << "round " << round;
+  }
+  be.clear_graphs();
+}
+
+}  // namespace
+}  // namespace qvl::test::gpu
