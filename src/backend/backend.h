@@ -172,6 +172,36 @@ class WeightPlacement {
 // layer before it computes out of the other (memory/offload.h).
 inline constexpr int kPrefetchSlots = 2;
 
+// One decoder layer's weights, by reference, for Backend::decoder_stack (model/weights.h's
+// DecoderLayerWeights, which the backend does not know).
+struct DecoderLayerRefs {
+  const Tensor* input_norm = nullptr;
+  const Tensor* post_attention_norm = nullptr;
+  const Tensor* q_norm = nullptr;
+  const Tensor* k_norm = nullptr;
+  const LinearWeight* qkv = nullptr;
+  const LinearWeight* o = nullptr;
+  const LinearWeight* gate_up = nullptr;
+  const LinearWeight* down = nullptr;
+};
+
+// The text decoder's layers as one unit (Backend::decoder_stack): what decoder_layer computes,
+// for every layer in order.
+struct DecoderStack {
+  std::vector<DecoderLayerRefs> layers;
+  TextAttentionShape shape;
+  const MropeSpec* rope = nullptr;
+  float eps = 1e-6f;
+  float scale = 1.0f;  // attention softmax scale
+  int64_t hidden = 0, intermediate = 0;
+};
+
+// Step buffers decoder_stack may use (arena tensors of the caller, one row each):
+// qkv [1, (Hq + 2·Hkv)·dh], attn [1, Hq·dh], gate_up [1, 2I].
+struct DecoderStackBuffers {
+  Tensor qkv, attn, gate_up;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -243,6 +273,15 @@ class Backend {
   // ties (torch.argmax, std::max_element); NaN entries are skipped (a row of NaN gives 0), -0
   // equals +0.                                 ids I32 [r], logits [r, V] (F32 or BF16)
   virtual void argmax_rows(Tensor ids, const Tensor& logits);
+  // Optional fused path: every decoder layer of a step, x [n, H] in place, computing what the
+  // per-layer ops (rms_norm, linear, text_qkv_prepare, text_attention, silu_mul) compute, K/V
+  // into the cache as text_qkv_prepare stores them. Returns false, having done nothing, when the
+  // backend has no fused path for this step (the caller then runs the layers op by op).
+  virtual bool decoder_stack(Tensor x, const DecoderStack& stack, const TextBatch& batch, const KvCacheView& cache,
+                             const DecoderStackBuffers& buffers) {
+    (void)x, (void)stack, (void)batch, (void)cache, (void)buffers;
+    return false;
+  }
 
   // ---- growable memory ----
   // Reserves `max_bytes` of address space for a region that grows in place (the KV pool);

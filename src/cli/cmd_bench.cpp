@@ -63,6 +63,7 @@ struct BenchOptions {
   int offload_layers = 0;
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split]]"
+  bool no_fused_decode = false;
   std::string out;
 };
 
@@ -218,6 +219,7 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_depth = v.size() > 1 ? v[1] : 0;
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
     }
+    opts.fused_decode = !o.no_fused_decode;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},
@@ -515,6 +517,7 @@ Status run_bench(const BenchOptions& o) {
     const double bytes = static_cast<double>(decode_weight_bytes(model->weights(), B)) + B * avg_ctx * kv_token_bytes;
     decode.push_back({{"batch", B},
                       {"graphs", !o.no_graphs},
+                      {"fused_decode", o.backend == "cuda" && !o.no_fused_decode},
                       {"step_ms", step_ms},
                       {"tokens_per_s", B * 1000.0 / step_ms},
                       {"tokens_per_s_host_argmax", B * 1000.0 / sync_step_ms},
@@ -620,6 +623,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
+  app.add_flag("--no-fused-decode", o->no_fused_decode,
+               "CUDA: run one-sequence decode steps layer by layer instead of as one persistent kernel");
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {

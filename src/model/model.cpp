@@ -2,6 +2,7 @@
 // the vision (vision.cpp) and text (text.cpp) halves of the forward pass.
 #include "model/model.h"
 
+#include <cmath>
 #include <string>
 
 namespace qvl {
@@ -36,6 +37,16 @@ Qwen3VLModel::Qwen3VLModel(Backend& backend, const ModelConfig& config, ModelWei
     : backend_(backend), config_(config), weights_(std::move(weights)) {
   mrope_ = make_mrope_spec(config_.text);
   attn_shape_ = {config_.text.num_attention_heads, config_.text.num_key_value_heads, config_.text.head_dim};
+  const TextConfig& t = config_.text;
+  stack_.shape = attn_shape_;
+  stack_.rope = &mrope_;
+  stack_.eps = static_cast<float>(t.rms_norm_eps);
+  stack_.scale = 1.0f / std::sqrt(static_cast<float>(t.head_dim));
+  stack_.hidden = t.hidden_size;
+  stack_.intermediate = t.intermediate_size;
+  for (const DecoderLayerWeights& w : weights_.text.layers)
+    stack_.layers.push_back(
+        {&w.input_norm, &w.post_attention_norm, &w.q_norm, &w.k_norm, &w.qkv, &w.o, &w.gate_up, &w.down});
 }
 
 Result<std::unique_ptr<Qwen3VLModel>> Qwen3VLModel::create(Backend& backend, const ModelConfig& config,

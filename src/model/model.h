@@ -127,6 +127,9 @@ class Qwen3VLModel {
 
   void set_debug_hook(DebugHook hook) { hook_ = std::move(hook); }
 
+  Qwen3VLModel(const Qwen3VLModel&) = delete;  // stack_ points into weights_
+  Qwen3VLModel& operator=(const Qwen3VLModel&) = delete;
+
  private:
   Qwen3VLModel(Backend& backend, const ModelConfig& config, ModelWeights weights);
 
@@ -139,6 +142,9 @@ class Qwen3VLModel {
   void patch_merger(const MergerWeights& w, Tensor out, const Tensor& x, Arena& arena) const;
   // Text stages (text.cpp).
   void decoder_layer(int layer, Tensor x, const TextBatch& batch, const KvCacheView& cache, Arena& arena) const;
+  // Runs every decoder layer through Backend::decoder_stack when the backend has a fused path
+  // for this step; false (nothing done) otherwise.
+  bool fused_layers(Tensor x, const TextBatch& batch, const KvCacheView& cache, Arena& arena) const;
   // Uploads host data into an arena tensor of the same dtype and shape.
   Tensor upload(Arena& arena, DType dtype, std::initializer_list<int64_t> dims, const void* host) const;
 
@@ -147,6 +153,7 @@ class Qwen3VLModel {
   ModelWeights weights_;
   MropeSpec mrope_;
   TextAttentionShape attn_shape_;
+  DecoderStack stack_;  // the decoder layers by reference, for Backend::decoder_stack
   DebugHook hook_;
 };
 

@@ -40,7 +40,9 @@ void Qwen3VLModel::forward(const TextBatch& batch, const TextStepInputs& in, con
 
   const LayerStream* stream = weights_.layer_stream.get();
   if (stream) stream->begin_step();
-  for (int l = 0; l < tc.num_hidden_layers; ++l) {
+  // Decode steps may run the whole stack as one unit (no per-layer hooks, streams or deepstack).
+  const bool fused = !stream && !hook_ && in.visual.empty() && fused_layers(x, batch, cache, arena);
+  for (int l = 0; l < tc.num_hidden_layers && !fused; ++l) {
     if (stream) stream->before_layer(l);
     decoder_layer(l, x, batch, cache, arena);
     if (stream) stream->after_layer(l);
@@ -68,6 +70,27 @@ void Qwen3VLModel::forward(const TextBatch& batch, const TextStepInputs& in, con
   backend_.linear(logits, normed, w.lm_head, {});
   dump(kStageLogits, -1, logits);
   arena.reset(mark);
+}
+
+bool Qwen3VLModel::fused_layers(Tensor x, const TextBatch& batch, const KvCacheView& cache, Arena& arena) const {
+  const TextConfig& tc = config_.text;
+  const int64_t n = x.dim(0);
+  if (n != batch.num_seqs) return false;  // decode steps only: one new row per sequence
+  const DType act = backend_.activation_dtype();
+  const int64_t qkv_cols = tc.q_dim() + 2LL * tc.kv_dim(), attn_cols = tc.q_dim(), gu_cols = 2LL * tc.intermediate_size;
+  // The step's scratch comes from the arena when it has room (a decode step uses a small part
+  // of an arena planned for prefill chunks); otherwise the layers run op by op.
+  size_t need = 0;
+  for (int64_t cols : {qkv_cols, attn_cols, gu_cols})
+    need += (static_cast<size_t>(n * cols) * dtype_size(act) + Arena::kAlignment - 1) / Arena::kAlignment *
+            Arena::kAlignment;
+  if (arena.capacity() - arena.used() < need + Arena::kAlignment) return false;
+  const size_t mark = arena.used();
+  DecoderStackBuffers buffers{arena.alloc(act, {n, qkv_cols}), arena.alloc(act, {n, attn_cols}),
+                              arena.alloc(act, {n, gu_cols})};
+  const bool done = backend_.decoder_stack(x, stack_, batch, cache, buffers);
+  arena.reset(mark);
+  return done;
 }
 
 // x += o(attention(mrope(qk_norm(qkv(rms(x)))))); x += down(silu(gate(rms(x))) · up(rms(x))).

@@ -6,6 +6,7 @@
 // weight merging, cache layout) before the full-size checks on the GPU machine.
 #include <filesystem>
 
+#include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_util.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
@@ -84,6 +85,90 @@ TEST(GpuModel, TinyPresetsMatchTheCpuOracle) {
                             preset + (chunk ? " chunk " + std::to_string(chunk) : " whole prompt"), got, ref,
                             tol::kGpuModelLogits));
       }
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Text-only prompt of `n` tokens prefilled whole (cuBLASLt path), then 6 decode steps of one
+// sequence (the fused decoder stack where the backend has it): the 6 decode logits rows.
+std::vector<float> run_decode(const Qwen3VLModel& model, int n) {
+  SequenceRunner::Options opt;
+  opt.max_tokens = n + 16;
+  auto r = SequenceRunner::create(model, opt);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  std::vector<int32_t> ids = {151644, 872, 198};
+  for (int i = 3; i < n; ++i) ids.push_back(100 + (i * 7919) % 150000);
+  EXPECT_TRUE((*r)->prefill(ids, {}, 1).is_ok());
+  std::vector<float> out;
+  for (int32_t tok : {17, 151645, 198, 5000, 42, 9000}) {
+    auto d = (*r)->decode(tok);
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    out.insert(out.end(), d->begin(), d->end());
+  }
+  return out;
+}
+
+// Whether one decode step of `model` on `be` launches the fused decoder-stack kernel.
+bool decode_uses_stack(Backend& be, const Qwen3VLModel& model) {
+  SequenceRunner::Options opt;
+  opt.max_tokens = 16;
+  auto r = SequenceRunner::create(model, opt);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  const std::vector<int32_t> ids = {151644, 872, 198, 42};
+  EXPECT_TRUE((*r)->prefill(ids, {}, 1).is_ok());
+  cuda_profile_start(be, 0.0);
+  EXPECT_TRUE((*r)->decode(17).is_ok());
+  bool found = false;
+  for (const CudaKernelTime& k : cuda_profile_stop(be)) found |= k.kernel == "decode_stack";
+  return found;
+}
+
+// The one-sequence decode step as one persistent kernel (decode_stack.cu) against the CPU
+// oracle and against the layer-by-layer CUDA path: head_dim 128 BF16 with 4 q heads per kv
+// head, and the tiny FP8 preset (head_dim 64, block-FP8 Linears). A 150-token context over 2
+// attention splits per kv head makes each split take several 64-key rounds, the newest key in
+// the last one; the default split count gives one round per split.
+TEST(GpuModel, FusedDecodeStackMatchesTheOracleAndTheLayerByLayerPath) {
+  QVL_REQUIRE_CUDA();
+  ModelConfig wide = preset_config("tiny").value();
+  wide.text.hidden_size = 256;
+  wide.text.num_hidden_layers = 3;
+  wide.text.num_attention_heads = 8;
+  wide.text.num_key_value_heads = 2;
+  wide.text.head_dim = 128;
+  wide.text.intermediate_size = 512;
+  wide.text.mrope_section = {24, 20, 20};
+  wide.vision.out_hidden_size = 256;
+  const std::pair<std::string, ModelConfig> cases[] = {{"hd128-bf16", wide},
+                                                       {"tiny-fp8", preset_config("tiny-fp8").value()}};
+  for (const auto& [name, cfg] : cases) {
+    const std::string dir = scratch_dir("gpu_stack_" + name);
+    GenModelOptions gen;
+    gen.seed = 5;
+    gen.max_shard_bytes = kTinyMaxShardBytes;
+    ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok()) << name;
+    {
+      CudaBackendOptions layered_opt, split_opt;
+      layered_opt.fused_decode = false;
+      split_opt.decode_stack_splits = 2;
+      auto layered_be = make_cuda_backend(layered_opt);
+      auto split_be = make_cuda_backend(split_opt);
+      ASSERT_TRUE(layered_be.is_ok() && split_be.is_ok());
+      Loaded c = load(cpu(), dir, cfg), fused = load(*cuda(), dir, cfg);
+      Loaded layered = load(**layered_be, dir, cfg), split = load(**split_be, dir, cfg);
+      ASSERT_TRUE(c.model && fused.model && layered.model && split.model);
+      const bool sm90 = cuda_device_info(0).value().compute_capability >= 90;
+      EXPECT_EQ(decode_uses_stack(*cuda(), *fused.model), sm90) << name;
+      EXPECT_EQ(decode_uses_stack(**split_be, *split.model), sm90) << name;
+      EXPECT_FALSE(decode_uses_stack(**layered_be, *layered.model)) << name;
+      const int n = 150;
+      const std::vector<float> ref = run_decode(*c.model, n);
+      const std::vector<float> layer_by_layer = run_decode(*layered.model, n);
+      EXPECT_TRUE(compare("decode logits, fused stack", name, run_decode(*fused.model, n), ref, tol::kGpuModelLogits));
+      EXPECT_TRUE(compare("decode logits, fused stack 2 splits", name, run_decode(*split.model, n), ref,
+                          tol::kGpuModelLogits));
+      EXPECT_TRUE(compare("decode logits, layer by layer", name, layer_by_layer, ref, tol::kGpuModelLogits));
     }
     std::filesystem::remove_all(dir);
   }

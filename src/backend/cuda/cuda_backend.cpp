@@ -337,6 +337,35 @@ class CudaBackend final : public Backend {
     }
   }
 
+  bool decoder_stack(Tensor x, const DecoderStack& stack, const TextBatch& batch, const KvCacheView& cache,
+                     const DecoderStackBuffers& buffers) override {
+    if (!fusion_ || !options_.fused_decode || info_.compute_capability < 90) return false;
+    if (batch.num_seqs != 1 || batch.num_tokens != 1 || x.ndim != 2 || x.dim(0) != 1) return false;
+    flush();
+    cuda::DecodeStackArgs a;
+    a.stack = &stack;
+    a.x = x;
+    a.buffers = buffers;
+    a.batch = &batch;
+    a.cache = cache;
+    a.partial = static_cast<float*>(decode_scratch_.data());
+    a.partial_bytes = decode_scratch_.size() - kArgmaxScratchBytes - kDecodeSplitBlocks * sizeof(uint32_t);
+    QVL_CHECK_LE(cuda::decode_stack_counter_count(), static_cast<size_t>(kDecodeSplitBlocks));
+    a.counters = decode_counters();
+    a.max_smem = info_.max_smem_per_block;
+    a.max_splits = options_.decode_stack_splits;
+    if (ctx_.profiler) {
+      double bytes = 0;
+      for (const DecoderLayerRefs& l : stack.layers)
+        for (const LinearWeight* w : {l.qkv, l.o, l.gate_up, l.down})
+          for (const LinearPart& p : w->parts) bytes += static_cast<double>(p.weight.nbytes() + p.scale_inv.nbytes());
+      note("decoder_stack fused " + std::to_string(stack.layers.size()) + " layers max_context " +
+               std::to_string(batch.max_context),
+           bytes);
+    }
+    return cuda::launch_decode_stack(ctx_, a);
+  }
+
   // ---- regions and graphs ----
   Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag) override {
     flush();

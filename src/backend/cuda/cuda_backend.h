@@ -57,6 +57,11 @@ struct CudaBackendOptions {
   int skinny_variant = 0;
   int skinny_depth = 0;
   int skinny_split = 0;
+  // A decode step of one sequence runs the whole decoder stack as one persistent kernel
+  // (decode_stack.cu, sm_90+); off: layer by layer. decode_stack_splits: its attention splits
+  // per kv head (0 = multiprocessors / kv heads; tests set it to force several key rounds).
+  bool fused_decode = true;
+  int decode_stack_splits = 0;
 };
 
 // Decode attention splits each (sequence, kv head) over at most kDecodeMaxSplits blocks, and
@@ -92,6 +97,7 @@ struct CudaDeviceInfo {
   std::string name;
   int compute_capability = 0;  // major * 10 + minor
   int multiprocessors = 0;
+  int max_smem_per_block = 0;  // opt-in shared memory per block (bytes)
   size_t total_memory = 0;
   size_t free_memory = 0;
   size_t l2_bytes = 0;

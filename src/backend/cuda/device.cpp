@@ -32,6 +32,7 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal) {
   info.name = prop.name;
   info.compute_capability = prop.major * 10 + prop.minor;
   info.multiprocessors = prop.multiProcessorCount;
+  info.max_smem_per_block = static_cast<int>(prop.sharedMemPerBlockOptin);
   info.total_memory = prop.totalGlobalMem;
   info.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
   int clock_khz = 0;

@@ -139,6 +139,25 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
 void launch_argmax_rows(const LaunchContext& ctx, Tensor ids, const Tensor& logits, void* scratch,
                         size_t scratch_bytes);
 
+// ---- decode_stack.cu: Backend::decoder_stack for one sequence (sm_90+) ----
+inline constexpr int kStackMaxLayers = 40;
+struct DecodeStackArgs {
+  const DecoderStack* stack = nullptr;
+  Tensor x;  // [1, H], in place
+  DecoderStackBuffers buffers;
+  const TextBatch* batch = nullptr;
+  KvCacheView cache;
+  float* partial = nullptr;  // split partials (the decode attention scratch)
+  size_t partial_bytes = 0;
+  uint32_t* counters = nullptr;  // decode_stack_counter_count() counters, zero (and left zero)
+  int max_smem = 0;              // opt-in shared memory per block
+  int max_splits = 0;            // attention splits per kv head; 0 = multiprocessors / kv heads
+};
+size_t decode_stack_counter_count();
+// Launches the fused stack, or returns false (nothing launched) for a shape, dtype or device it
+// does not handle; the caller then runs the layers op by op.
+bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args);
+
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
 void configure_text_attention();

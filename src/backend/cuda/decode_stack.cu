@@ -1,0 +1,827 @@
+// The decoder stack of a one-sequence decode step as one persistent kernel (Backend::
+// decoder_stack): every layer's qkv, attention (q/k-norm, M-RoPE, K/V store, split-K over the
+// paged cache), o_proj + residual, gate_up, down + residual, with no kernel boundary anywhere.
+//
+// Why: at batch 1 the step is a stream of weights (3.4 GB for 2B) with a little arithmetic, and
+// op-by-op kernels lose ~2 us of memory pipeline at every boundary (drain, launch, ramp up:
+// about 10 us per layer, measured). Here the weight stream never stops: each block (one per
+// multiprocessor) owns a fixed slice of rows of every Linear of every layer, and its producer
+// warp copies them, in the order they will be used, into a ring of shared-memory stages with
+// bulk asynchronous copies (cp.async.bulk, completion on an mbarrier). Weights depend on
+// nothing, so the producer runs up to the ring's size ahead, across ops and layers, while the
+// consumer warps wait for activations.
+//
+// Activations move between blocks through global memory (L2) with release/acquire counters
+// instead of kernel boundaries; each phase waits only for what it reads:
+//   qkv(l)       needs x after down(l-1)             (counter kDown reaches G * l)
+//   attention(l) needs all of qkv(l)                  (kQkv = G * (l + 1))
+//   o(l)         needs every head's merged output     (kAttn = Hkv * (l + 1))
+//   gate_up(l)   needs x after o(l)                   (kO = G * (l + 1))
+//   down(l)      needs all of gate_up(l)              (kGu = G * (l + 1))
+// Write-after-read hazards are covered by the same chain (a buffer is rewritten only after a
+// counter that every reader had to pass first). Counters only grow during a launch; the last
+// block to finish puts them back to zero (the scratch is zero between launches).
+//
+// Numerics follow the op-by-op path: RMSNorm / SiLU·mul into the Linear's input exactly as the
+// fused prologues write it (bf16 rounding points included), Linear outputs rounded to BF16 and
+// residuals added in fp32 then rounded, q/k prepare as text_qkv_prepare (attention_text.cu),
+// P rounded to BF16 for P·V. Sums run in fp32 in a different order than the tensor-core
+// kernels: results agree to fp32 rounding, not bit for bit.
+//
+// Attention of kv head g is split over S blocks (item (g, s) on block g * S + s); the keys of
+// an item go through shared memory in rounds of kKeys; the first round, which holds no key
+// written in this step, is fetched before the item waits for qkv. The last item of a head to
+// arrive merges the S partials.
+//
+// All G blocks must be resident at once (the counters are spin-waited): one block per
+// multiprocessor, launched as a cooperative kernel.
+#include <algorithm>
+
+#include "backend/cuda/attention_cache.cuh"
+#include "backend/cuda/cuda_backend.h"
+
+namespace qvl::cuda {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kMaxChunkRows = 16;
+constexpr int kMaxGroup = 8;
+constexpr int kMaxStages = 8;
+constexpr int kMaxSplits = 64;
+enum Counter { kQkv = 0, kAttn, kO, kGu, kDown, kDone, kArrive = 8 };  // kArrive + g: kv head g
+constexpr int kNumCounters = kArrive + 24;
+
+struct StackLayer {
+  const void* w[4];       // qkv, o, gate_up, down: [N, K] BF16 or FP8 E4M3
+  const float* scale[4];  // FP8: [ceil(N / 128), ceil(K / 128)] block scales; BF16: null
+  const void* norm[4];    // input_norm, post_attention_norm, q_norm, k_norm (F32 or BF16)
+};
+
+struct StackParams {
+  StackLayer layer[kStackMaxLayers];
+  int num_layers;
+  int H, I, hq, hkv;
+  bool norm_f32;
+  float eps, scale_log2;
+  bf16* x;
+  bf16* qkv;
+  bf16* attn;
+  bf16* gu;
+  const int32_t* context_len;
+  const int32_t* page_table;
+  const int32_t* slots;
+  const int32_t* positions;
+  CacheGeometry cache;  // layer_offset of layer 0; + l * layer_bytes
+  int64_t layer_bytes;
+  MropeParams rope;
+  float* partial;  // [hq][splits][hd + 2]
+  uint32_t* counters;
+  int splits, keys;  // attention splits per kv head; keys per shared-memory round
+  int stages, stage_bytes;
+  // Shared-memory carve-up (bytes from the start): ring, x, attention, partial sums, barriers.
+  int off_x, off_attn, off_part, off_bar;
+};
+
+// ---- small PTX wrappers (sm_90+; empty elsewhere, where the kernel body is compiled out) ----
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QVL_SM90(...) __VA_ARGS__
+#else
+#define QVL_SM90(...)
+#endif
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory"));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory"));
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  QVL_SM90(asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory"));
+}
+// Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  QVL_SM90(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory"));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  QVL_SM90(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  QVL_SM90(asm volatile("cp.async.wait_all;" ::: "memory"));
+}
+// The consumer warps' own barrier (the producer warp never joins it).
+__device__ __forceinline__ void consumer_sync() {
+  QVL_SM90(asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"));
+}
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v = 0;
+  QVL_SM90(asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"));
+  return v;
+}
+
+// Consumer side of a counter: thread 0 spins until it reaches `target`, then all consumers go.
+__device__ __forceinline__ void wait_counter(const uint32_t* c, uint32_t target) {
+  if (threadIdx.x == 0)
+    while (load_acquire(c) < target) __nanosleep(32);
+  consumer_sync();
+}
+// After every consumer's writes of a phase: make them visible, then count this block.
+__device__ __forceinline__ void signal_counter(uint32_t* c) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(c, 1u);
+  }
+}
+
+// ---- the row slices ----
+// Rows [r0, r1) of op `op` (0..3) of layer l that this block streams and computes: R rows over
+// G blocks, the R % G longer slices rotated from op to op so that every block streams about the
+// same number of bytes over a step.
+__device__ __forceinline__ void op_rows(int R, int l, int op, int& r0, int& r1) {
+  const int G = gridDim.x;
+  const int q = (blockIdx.x + (l * 4 + op) * 37) % G;
+  const int base = R / G, extra = R % G;
+  r0 = q * base + min(q, extra);
+  r1 = r0 + base + (q < extra ? 1 : 0);
+}
+// N x K of op `op` of a layer.
+template <int HD>
+__device__ __forceinline__ void op_dims(const StackParams& p, int op, int& N, int& K) {
+  switch (op) {
+    case 0: N = (p.hq + 2 * p.hkv) * HD, K = p.H; break;
+    case 1: N = p.H, K = p.hq * HD; break;
+    case 2: N = 2 * p.I, K = p.H; break;
+    default: N = p.H, K = p.I; break;
+  }
+}
+
+// ---- the producer ----
+template <int HD>
+__device__ void producer(const StackParams& p, char* ring, uint64_t* full, uint64_t* empty) {
+  uint32_t it = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    for (int op = 0; op < 4; ++op) {
+      int N, K, r0, r1;
+      op_dims<HD>(p, op, N, K);
+      op_rows(N, l, op, r0, r1);
+      const int esize = p.layer[l].scale[op] ? 1 : 2;
+      const int row_bytes = K * esize;
+      const int rows = min(kMaxChunkRows, p.stage_bytes / row_bytes);
+      const char* w = static_cast<const char*>(p.layer[l].w[op]);
+      for (int r = r0; r < r1; r += rows, ++it) {
+        const int stage = it % p.stages;
+        if (it >= static_cast<uint32_t>(p.stages)) mbar_wait(&empty[stage], ((it / p.stages) - 1) & 1);
+        const uint32_t bytes = static_cast<uint32_t>(min(rows, r1 - r) * row_bytes);
+        mbar_expect_tx(&full[stage], bytes);
+        bulk_load(ring + static_cast<size_t>(stage) * p.stage_bytes, w + static_cast<int64_t>(r) * row_bytes, bytes,
+                  &full[stage]);
+      }
+    }
+  }
+}
+
+// ---- the consumers' Linear work ----
+__device__ __forceinline__ float norm_weight(const StackParams& p, const void* w, int i) {
+  return p.norm_f32 ? static_cast<const float*>(w)[i] : __bfloat162float(static_cast<const bf16*>(w)[i]);
+}
+
+// xs = the Linear's input, as the op-by-op path writes it: RMSNorm(x) * w, attention output,
+// or SiLU(gate) * up. Reads through L2 (other blocks wrote these).
+__device__ void load_input(const StackParams& p, int op, int l, int K, bf16* xs, float* red) {
+  const int tid = threadIdx.x;
+  if (op == 0 || op == 2) {
+    const void* w = p.layer[l].norm[op == 0 ? 0 : 1];
+    float ss = 0.0f;
+    for (int v = tid; v < K / 8; v += kConsumers) {
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(p.x) + v);
+      reinterpret_cast<uint4*>(xs)[v] = raw;
+      float f[8];
+      unpack8(raw, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    ss = warp_sum(ss);
+    if ((tid & 31) == 0) red[tid >> 5] = ss;
+    consumer_sync();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kConsumerWarps; ++i) total += red[i];
+    const float rstd = rsqrtf(total / static_cast<float>(K) + p.eps);
+    for (int v = tid; v < K / 8; v += kConsumers) {
+      float f[8];
+      unpack8(reinterpret_cast<const uint4*>(xs)[v], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = norm_weight(p, w, v * 8 + e) * bf16_round(f[e] * rstd);
+      reinterpret_cast<uint4*>(xs)[v] = pack8(f);
+    }
+  } else if (op == 1) {
+    for (int v = tid; v < K / 8; v += kConsumers)
+      reinterpret_cast<uint4*>(xs)[v] = __ldcg(reinterpret_cast<const uint4*>(p.attn) + v);
+  } else {
+    for (int v = tid; v < K / 8; v += kConsumers) {
+      float g[8], u[8];
+      unpack8(__ldcg(reinterpret_cast<const uint4*>(p.gu) + v), g);
+      unpack8(__ldcg(reinterpret_cast<const uint4*>(p.gu + p.I) + v), u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
+      reinterpret_cast<uint4*>(xs)[v] = pack8(g);
+    }
+  }
+  consumer_sync();
+}
+
+// Two FP8 E4M3 values (the low / high byte pair of `w`) -> float2, exactly.
+__device__ __forceinline__ float2 e4m3x2(uint16_t w) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// acc[j] += row j of the stage (n rows of K values) · xs, this thread's share of the columns.
+template <bool kFp8>
+__device__ __forceinline__ void chunk_dot(const char* stage, int n, int K, const bf16* xs, const float* scale,
+                                          int scale_cols, int row0, float (&acc)[kMaxChunkRows]) {
+  const int tid = threadIdx.x;
+  if constexpr (!kFp8) {
+    const int V = K / 8;
+    for (int v = tid; v < V; v += kConsumers) {
+      float x[8];
+      unpack8(reinterpret_cast<const uint4*>(xs)[v], x);
+#pragma unroll
+      for (int j = 0; j < kMaxChunkRows; ++j) {
+        if (j < n) {
+          float w[8];
+          unpack8(reinterpret_cast<const uint4*>(stage + static_cast<int64_t>(j) * K * 2)[v], w);
+          float s = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(w[e], x[e], s);
+          acc[j] += s;
+        }
+      }
+    }
+  } else {
+    const int V = K / 16;
+    for (int v = tid; v < V; v += kConsumers) {
+      float x[16];
+      {
+        float a[8], b[8];
+        unpack8(reinterpret_cast<const uint4*>(xs)[2 * v], a);
+        unpack8(reinterpret_cast<const uint4*>(xs)[2 * v + 1], b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = a[e], x[8 + e] = b[e];
+      }
+      const int sc = (v * 16) / 128;
+#pragma unroll
+      for (int j = 0; j < kMaxChunkRows; ++j) {
+        if (j < n) {
+          const uint4 raw = reinterpret_cast<const uint4*>(stage + static_cast<int64_t>(j) * K)[v];
+          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+          float s = 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float2 lo = e4m3x2(static_cast<uint16_t>(words[q] & 0xffff));
+            const float2 hi = e4m3x2(static_cast<uint16_t>(words[q] >> 16));
+            s = fmaf(lo.x, x[4 * q], s);
+            s = fmaf(lo.y, x[4 * q + 1], s);
+            s = fmaf(hi.x, x[4 * q + 2], s);
+            s = fmaf(hi.y, x[4 * q + 3], s);
+          }
+          acc[j] = fmaf(s, __ldg(scale + static_cast<int64_t>((row0 + j) / 128) * scale_cols + sc), acc[j]);
+        }
+      }
+    }
+  }
+}
+
+// One Linear phase of this block: rows [r0, r1) out of the ring, results stored as the
+// op-by-op path stores them (qkv / gate_up: BF16; o / down: x = bf16(x + bf16(acc))).
+template <int HD>
+__device__ void linear_phase(const StackParams& p, int l, int op, int N, int K, char* ring, uint64_t* full,
+                             uint64_t* empty, uint32_t& it, const bf16* xs, float* part, uint32_t& part_buf) {
+  int r0, r1;
+  op_rows(N, l, op, r0, r1);
+  const float* scale = p.layer[l].scale[op];
+  const bool fp8 = scale != nullptr;
+  const int row_bytes = K * (fp8 ? 1 : 2);
+  const int rows = min(kMaxChunkRows, p.stage_bytes / row_bytes);
+  const int scale_cols = (K + 127) / 128;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bf16* out = op == 0 ? p.qkv : op == 2 ? p.gu : p.x;
+  for (int r = r0; r < r1; r += rows, ++it) {
+    const int n = min(rows, r1 - r);
+    const int stage = it % p.stages;
+    mbar_wait(&full[stage], (it / p.stages) & 1);
+    const char* st = ring + static_cast<size_t>(stage) * p.stage_bytes;
+    float acc[kMaxChunkRows];
+#pragma unroll
+    for (int j = 0; j < kMaxChunkRows; ++j) acc[j] = 0.0f;
+    if (fp8)
+      chunk_dot<true>(st, n, K, xs, scale, scale_cols, r, acc);
+    else
+      chunk_dot<false>(st, n, K, xs, nullptr, 0, r, acc);
+    float* pb = part + part_buf * kConsumerWarps * kMaxChunkRows;
+#pragma unroll
+    for (int j = 0; j < kMaxChunkRows; ++j) {
+      if (j < n) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0) pb[warp * kMaxChunkRows + j] = s;
+      }
+    }
+    consumer_sync();  // the stage is read and the partial sums are in
+    if (threadIdx.x == 0) mbar_arrive(&empty[stage]);
+    if (threadIdx.x < n) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kConsumerWarps; ++w) v += pb[w * kMaxChunkRows + threadIdx.x];
+      const int row = r + threadIdx.x;
+      v = bf16_round(v);
+      if (op == 1 || op == 3) v += __bfloat162float(__ldcg(out + row));
+      out[row] = __float2bfloat16_rn(v);
+    }
+    part_buf ^= 1u;  // the next chunk writes the other half while these sums are read
+  }
+}
+
+// ---- attention ----
+struct AttnSmem {
+  char* kv;      // [keys][HD] K rows, then [keys][HD] V rows (BF16)
+  float* q;      // [kMaxGroup][HD] rotated q (BF16 values)
+  float* sc;     // [kMaxGroup][keys] scores, then P; the merge's [kMaxGroup][kMaxSplits] weights
+  bf16* nkv;     // [2][HD] this step's K and V as the cache holds them
+  float* stats;  // [3][kMaxGroup]: running max, sum, rescale
+};
+
+template <int HD>
+__device__ __forceinline__ AttnSmem attn_smem(const StackParams& p, char* base) {
+  AttnSmem a;
+  a.kv = base;
+  a.q = reinterpret_cast<float*>(base + static_cast<size_t>(p.keys) * HD * 4);
+  a.sc = a.q + kMaxGroup * HD;
+  a.nkv = reinterpret_cast<bf16*>(a.sc + kMaxGroup * kMaxSplits);
+  a.stats = reinterpret_cast<float*>(a.nkv + 2 * HD);
+  return a;
+}
+template <int HD>
+constexpr size_t attn_smem_bytes(int keys) {
+  return static_cast<size_t>(keys) * HD * 4 + kMaxGroup * HD * 4 + kMaxGroup * kMaxSplits * 4 + 2 * HD * 2 +
+         3 * kMaxGroup * 4;
+}
+
+// Keys [k0, k1) of this item (an empty range when the split lies past the context).
+__device__ __forceinline__ void item_keys(int ctx, int splits, int s, int& k0, int& k1) {
+  const int len = (ctx + splits - 1) / splits;
+  k0 = min(ctx, s * len);
+  k1 = min(ctx, k0 + len);
+}
+
+// Issues the cp.async copies of K and V rows of keys [kb, ke) of kv head g (skipping `skip`).
+template <int HD>
+__device__ void fetch_keys(const StackParams& p, const CacheGeometry& c, int g, int kb, int ke, int skip,
+                           const AttnSmem& a) {
+  constexpr int CPR = HD / 8;
+  const int n = ke - kb;
+  for (int i = threadIdx.x; i < 2 * n * CPR; i += kConsumers) {
+    const int rr = i / CPR, chunk = i % CPR;
+    const bool v = rr >= n;
+    const int r = v ? rr - n : rr;
+    const int key = kb + r;
+    if (key == skip) continue;
+    const char* src = cache_row(c, p.page_table[key / c.page_size], key % c.page_size, g, HD, v);
+    cp_async16(a.kv + (static_cast<size_t>(v ? p.keys : 0) + r) * HD * 2 + chunk * 16, src + chunk * 16);
+  }
+}
+
+// q/k-norm + M-RoPE of one head (text_qkv_prepare's numerics), by one warp: q heads into a.q,
+// the new k (and v, task == group + 1) into a.nkv and the cache.
+template <int HD>
+__device__ void prepare_task(const StackParams& p, const CacheGeometry& c, int l, int g, int group, int task,
+                             const AttnSmem& a) {
+  constexpr int kHalf = HD / 2;
+  const int lane = threadIdx.x & 31;
+  const int32_t slot = p.slots[0];
+  const bool store = slot >= 0;
+  const int page = store ? slot / c.page_size : 0, off = store ? slot % c.page_size : 0;
+  if (task == group + 1) {
+    const bf16* src = p.qkv + static_cast<int64_t>(p.hq + p.hkv + g) * HD;
+    char* dst = store ? cache_row(c, page, off, g, HD, true) : nullptr;
+    for (int d = lane; d < HD; d += 32) {
+      const bf16 v = __ldcg(src + d);
+      if (dst) reinterpret_cast<bf16*>(dst)[d] = v;
+      a.nkv[HD + d] = v;
+    }
+    return;
+  }
+  const bool is_q = task < group;
+  const bf16* src = p.qkv + static_cast<int64_t>(is_q ? g * group + task : p.hq + g) * HD;
+  const void* nw = p.layer[l].norm[is_q ? 2 : 3];
+  constexpr int kPairs = (kHalf + 31) / 32;
+  float x1[kPairs], x2[kPairs], ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + 32 * i;
+    x1[i] = j < kHalf ? __bfloat162float(__ldcg(src + j)) : 0.0f;
+    x2[i] = j < kHalf ? __bfloat162float(__ldcg(src + j + kHalf)) : 0.0f;
+    ss += x1[i] * x1[i] + x2[i] * x2[i];
+  }
+  const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(HD) + p.eps);
+  const int32_t pos3[3] = {p.positions[0], p.positions[1], p.positions[2]};
+  char* kdst = !is_q && store ? cache_row(c, page, off, g, HD, false) : nullptr;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= kHalf) continue;
+    const int axis = p.rope.axis[j];
+    const float pos = static_cast<float>(pos3[axis]);
+    float sn, cs;
+    sincosf(pos * p.rope.inv_freq[j], &sn, &cs);
+    cs = bf16_round(cs);
+    sn = bf16_round(sn);
+    const float a1 = bf16_round(norm_weight(p, nw, j) * bf16_round(x1[i] * rstd));
+    const float a2 = bf16_round(norm_weight(p, nw, j + kHalf) * bf16_round(x2[i] * rstd));
+    const float o1 = bf16_round(bf16_round(a1 * cs) + bf16_round(-a2 * sn));
+    const float o2 = bf16_round(bf16_round(a2 * cs) + bf16_round(a1 * sn));
+    if (is_q) {
+      a.q[task * HD + j] = o1;
+      a.q[task * HD + j + kHalf] = o2;
+    } else {
+      if (kdst) {
+        reinterpret_cast<bf16*>(kdst)[j] = __float2bfloat16_rn(o1);
+        reinterpret_cast<bf16*>(kdst)[j + kHalf] = __float2bfloat16_rn(o2);
+      }
+      a.nkv[j] = __float2bfloat16_rn(o1);
+      a.nkv[j + kHalf] = __float2bfloat16_rn(o2);
+    }
+  }
+}
+
+// Attention item (g, s) of layer l: prepare, softmax over its keys round by round, partial out,
+// and the merge when it is the head's last item to arrive. Round 0 was fetched by the caller.
+template <int HD>
+__device__ void attention_item(const StackParams& p, int l, int g, int s, const AttnSmem& a, bool* s_last) {
+  constexpr int OPT = (kMaxGroup * HD + kConsumers - 1) / kConsumers;  // outputs per thread
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int group = p.hq / p.hkv;
+  CacheGeometry c = p.cache;
+  c.layer_offset += static_cast<int64_t>(l) * p.layer_bytes;
+  const int ctx = p.context_len[0], newest = ctx - 1;
+  int k0, k1;
+  item_keys(ctx, p.splits, s, k0, k1);
+
+  wait_counter(&p.counters[kQkv], static_cast<uint32_t>(gridDim.x) * (l + 1));
+  const bool own_newest = newest >= k0 && newest < k1;
+  for (int task = warp; task < group + (own_newest ? 2 : 0); task += kConsumerWarps)
+    prepare_task<HD>(p, c, l, g, group, task, a);
+  if (tid < kMaxGroup) {
+    a.stats[tid] = -INFINITY;  // running max (log2 domain)
+    a.stats[kMaxGroup + tid] = 0.0f;
+  }
+  float o[OPT];
+#pragma unroll
+  for (int i = 0; i < OPT; ++i) o[i] = 0.0f;
+
+  for (int kb = k0; kb < k1; kb += p.keys) {
+    const int ke = min(k1, kb + p.keys), n = ke - kb;
+    if (kb != k0) fetch_keys<HD>(p, c, g, kb, ke, newest, a);
+    cp_async_wait_all();
+    consumer_sync();
+    if (newest >= kb && newest < ke) {  // this step's key joins from a.nkv
+      const int r = newest - kb;
+      for (int d = tid; d < HD; d += kConsumers) {
+        reinterpret_cast<bf16*>(a.kv)[static_cast<size_t>(r) * HD + d] = a.nkv[d];
+        reinterpret_cast<bf16*>(a.kv)[static_cast<size_t>(p.keys + r) * HD + d] = a.nkv[HD + d];
+      }
+      consumer_sync();
+    }
+    // Scores (log2 domain): warp w takes keys w, w + 8, ...; lanes split the head dim.
+    constexpr int DPL = HD / 32;
+    for (int j = warp; j < n; j += kConsumerWarps) {
+      const bf16* krow = reinterpret_cast<const bf16*>(a.kv) + static_cast<size_t>(j) * HD + lane * DPL;
+      float kf[DPL];
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) kf[e] = __bfloat162float(krow[e]);
+      for (int h = 0; h < group; ++h) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) d = fmaf(a.q[h * HD + lane * DPL + e], kf[e], d);
+        d = warp_sum(d);
+        if (lane == 0) a.sc[h * p.keys + j] = d * p.scale_log2;
+      }
+    }
+    consumer_sync();
+    // Online softmax per head (warp h): P = exp2(S - m) rounded to BF16 for P·V, l in fp32.
+    if (warp < group) {
+      const int h = warp;
+      float mx = -INFINITY;
+      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, a.sc[h * p.keys + j]);
+      mx = warp_max(mx);
+      const float m_old = a.stats[h], m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+      for (int j = lane; j < n; j += 32) {
+        const float e = exp2f(a.sc[h * p.keys + j] - m_new);
+        sum += e;
+        a.sc[h * p.keys + j] = bf16_round(e);
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float alpha = m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
+        a.stats[h] = m_new;
+        a.stats[kMaxGroup + h] = a.stats[kMaxGroup + h] * alpha + sum;
+        a.stats[2 * kMaxGroup + h] = alpha;
+      }
+    }
+    consumer_sync();
+    // O = O * alpha + P · V: thread owns outputs (h, d) = tid + kConsumers * i.
+    const bf16* vbase = reinterpret_cast<const bf16*>(a.kv) + static_cast<size_t>(p.keys) * HD;
+#pragma unroll
+    for (int i = 0; i < OPT; ++i) {
+      const int idx = tid + kConsumers * i, h = idx / HD, d = idx % HD;
+      if (h < group) {
+        float acc = o[i] * a.stats[2 * kMaxGroup + h];
+        for (int j = 0; j < n; ++j) acc = fmaf(a.sc[h * p.keys + j], __bfloat162float(vbase[j * HD + d]), acc);
+        o[i] = acc;
+      }
+    }
+    consumer_sync();  // the stage and the scores are rewritten by the next round
+  }
+
+  // Partial (unnormalised O, m, l) of this item.
+  float* part = p.partial + static_cast<int64_t>(g * group) * p.splits * (HD + 2);
+#pragma unroll
+  for (int i = 0; i < OPT; ++i) {
+    const int idx = tid + kConsumers * i, h = idx / HD, d = idx % HD;
+    if (h < group) {
+      float* ph = part + (static_cast<int64_t>(h) * p.splits + s) * (HD + 2);
+      ph[d] = o[i];
+      if (d == 0) {
+        ph[HD] = a.stats[h];
+        ph[HD + 1] = a.stats[kMaxGroup + h];
+      }
+    }
+  }
+  consumer_sync();
+  if (tid == 0) {
+    __threadfence();
+    const uint32_t arrived = atomicAdd(&p.counters[kArrive + g], 1u);
+    *s_last = arrived == static_cast<uint32_t>(p.splits) * (l + 1) - 1;
+  }
+  consumer_sync();
+  if (!*s_last) return;
+  __threadfence();
+  // Merge: warp h computes split weights exp2(m_s - M) / L into a.sc[h][s]; then every output.
+  if (warp < group) {
+    const int h = warp;
+    const float* ph = part + static_cast<int64_t>(h) * p.splits * (HD + 2);
+    float mx = -INFINITY;
+    for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, __ldcg(ph + sp * (HD + 2) + HD));
+    mx = warp_max(mx);
+    float total = 0.0f;
+    for (int sp = lane; sp < p.splits; sp += 32) {
+      const float m = __ldcg(ph + sp * (HD + 2) + HD);
+      const float w = m == -INFINITY ? 0.0f : exp2f(m - mx);
+      a.sc[h * kMaxSplits + sp] = w;
+      total += w * __ldcg(ph + sp * (HD + 2) + HD + 1);
+    }
+    total = warp_sum(total);
+    for (int sp = lane; sp < p.splits; sp += 32) {
+      const float w = a.sc[h * kMaxSplits + sp];
+      a.sc[h * kMaxSplits + sp] = total > 0.0f ? w / total : 0.0f;
+    }
+  }
+  consumer_sync();
+  for (int idx = tid; idx < group * HD; idx += kConsumers) {
+    const int h = idx / HD, d = idx % HD;
+    const float* ph = part + static_cast<int64_t>(h) * p.splits * (HD + 2) + d;
+    float acc = 0.0f;
+    for (int sp = 0; sp < p.splits; ++sp) acc = fmaf(__ldcg(ph + sp * (HD + 2)), a.sc[h * kMaxSplits + sp], acc);
+    p.attn[(g * group + h) * HD + d] = __float2bfloat16_rn(acc);
+  }
+  signal_counter(&p.counters[kAttn]);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_constant__ StackParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier waits: sm_90+
+  extern __shared__ __align__(128) char smem[];
+  char* ring = smem;
+  bf16* xs = reinterpret_cast<bf16*>(smem + p.off_x);
+  const AttnSmem a = attn_smem<HD>(p, smem + p.off_attn);
+  float* part = reinterpret_cast<float*>(smem + p.off_part);  // [2][warps][kMaxChunkRows], then [warps]
+  float* red = part + 2 * kConsumerWarps * kMaxChunkRows;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + p.off_bar);
+  uint64_t* empty = full + kMaxStages;
+  __shared__ bool s_last;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < p.stages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 1);
+    }
+    QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+    QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers) producer<HD>(p, ring, full, empty);
+    return;
+  }
+
+  const int G = gridDim.x;
+  const int items = p.hkv * p.splits;
+  const bool has_item = static_cast<int>(blockIdx.x) < items;
+  const int g = blockIdx.x / max(1, p.splits), s = blockIdx.x % max(1, p.splits);
+  uint32_t it = 0, part_buf = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    // Round 0 of this layer's attention item: keys written before this step, fetched now.
+    if (has_item) {
+      CacheGeometry c = p.cache;
+      c.layer_offset += static_cast<int64_t>(l) * p.layer_bytes;
+      const int ctx = p.context_len[0];
+      int k0, k1;
+      item_keys(ctx, p.splits, s, k0, k1);
+      if (k1 > k0) fetch_keys<HD>(p, c, g, k0, min(k1, k0 + p.keys), ctx - 1, a);
+    }
+    int N, K;
+    // qkv
+    if (l > 0) wait_counter(&p.counters[kDown], static_cast<uint32_t>(G) * l);
+    op_dims<HD>(p, 0, N, K);
+    load_input(p, 0, l, K, xs, red);
+    linear_phase<HD>(p, l, 0, N, K, ring, full, empty, it, xs, part, part_buf);
+    signal_counter(&p.counters[kQkv]);
+    // attention
+    if (has_item) attention_item<HD>(p, l, g, s, a, &s_last);
+    // o_proj + residual
+    wait_counter(&p.counters[kAttn], static_cast<uint32_t>(p.hkv) * (l + 1));
+    op_dims<HD>(p, 1, N, K);
+    load_input(p, 1, l, K, xs, red);
+    linear_phase<HD>(p, l, 1, N, K, ring, full, empty, it, xs, part, part_buf);
+    signal_counter(&p.counters[kO]);
+    // gate_up
+    wait_counter(&p.counters[kO], static_cast<uint32_t>(G) * (l + 1));
+    op_dims<HD>(p, 2, N, K);
+    load_input(p, 2, l, K, xs, red);
+    linear_phase<HD>(p, l, 2, N, K, ring, full, empty, it, xs, part, part_buf);
+    signal_counter(&p.counters[kGu]);
+    // down + residual
+    wait_counter(&p.counters[kGu], static_cast<uint32_t>(G) * (l + 1));
+    op_dims<HD>(p, 3, N, K);
+    load_input(p, 3, l, K, xs, red);
+    linear_phase<HD>(p, l, 3, N, K, ring, full, empty, it, xs, part, part_buf);
+    signal_counter(&p.counters[kDown]);
+  }
+  // The last block out puts every counter back to zero for the next launch.
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&p.counters[kDone], 1u) == static_cast<uint32_t>(G) - 1) {
+      for (int i = 0; i < kNumCounters; ++i) p.counters[i] = 0;
+      __threadfence();
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+size_t decode_stack_counter_count() {
+  return kNumCounters;
+}
+
+bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args) {
+  const DecoderStack& st = *args.stack;
+  const TextAttentionShape& sh = st.shape;
+  const int hd = sh.head_dim;
+  const int L = static_cast<int>(st.layers.size());
+  if (hd != 64 && hd != 128) return false;
+  if (L == 0 || L > kStackMaxLayers) return false;
+  if (sh.num_kv_heads <= 0 || sh.num_q_heads % sh.num_kv_heads != 0) return false;
+  const int group = sh.num_q_heads / sh.num_kv_heads;
+  if (group > kMaxGroup || sh.num_kv_heads + kArrive > kNumCounters) return false;
+  if (args.cache.dtype != DType::kBF16 || args.x.dtype != DType::kBF16) return false;
+  if (!st.rope || static_cast<int>(st.rope->inv_freq.size()) != hd / 2) return false;
+  const int64_t H = st.hidden, I = st.intermediate;
+  if (H % 16 != 0 || I % 16 != 0 || (int64_t{sh.num_q_heads} * hd) % 16 != 0) return false;
+
+  StackParams p{};
+  p.num_layers = L;
+  p.H = static_cast<int>(H);
+  p.I = static_cast<int>(I);
+  p.hq = sh.num_q_heads;
+  p.hkv = sh.num_kv_heads;
+  const DType norm_dt = st.layers[0].input_norm->dtype;
+  if (norm_dt != DType::kF32 && norm_dt != DType::kBF16) return false;
+  p.norm_f32 = norm_dt == DType::kF32;
+  int64_t max_row_bytes = 0;
+  for (int l = 0; l < L; ++l) {
+    const DecoderLayerRefs& r = st.layers[l];
+    const Tensor* norms[4] = {r.input_norm, r.post_attention_norm, r.q_norm, r.k_norm};
+    for (int i = 0; i < 4; ++i) {
+      if (norms[i]->dtype != norm_dt) return false;
+      p.layer[l].norm[i] = norms[i]->data;
+    }
+    const LinearWeight* lw[4] = {r.qkv, r.o, r.gate_up, r.down};
+    for (int i = 0; i < 4; ++i) {
+      const LinearWeight& w = *lw[i];
+      if (w.parts.size() != 1 || !w.bias.empty()) return false;
+      const LinearPart& part = w.parts[0];
+      if (part.weight.dtype == DType::kF8E4M3) {
+        // One scale row per 128 weight rows (block scales as loaded), F32.
+        if (w.block_size != 128 || part.scale_inv.dtype != DType::kF32 ||
+            part.scale_inv.dim(0) != (w.out_features + 127) / 128)
+          return false;
+        p.layer[l].scale[i] = part.scale_inv.as<float>();
+      } else if (part.weight.dtype != DType::kBF16) {
+        return false;
+      }
+      p.layer[l].w[i] = part.weight.data;
+      max_row_bytes = std::max<int64_t>(max_row_bytes, w.in_features * dtype_size(part.weight.dtype));
+    }
+  }
+  p.eps = st.eps;
+  p.scale_log2 = st.scale * 1.4426950408889634f;
+  p.x = args.x.as<bf16>();
+  p.qkv = args.buffers.qkv.as<bf16>();
+  p.attn = args.buffers.attn.as<bf16>();
+  p.gu = args.buffers.gate_up.as<bf16>();
+  p.context_len = args.batch->context_len.as<int32_t>();
+  p.page_table = args.batch->page_table.as<int32_t>();
+  p.slots = args.batch->slots.as<int32_t>();
+  p.positions = args.batch->positions.as<int32_t>();
+  p.cache = geometry(args.cache, 0);
+  p.layer_bytes = static_cast<int64_t>(args.cache.layer_bytes());
+  p.rope.half = hd / 2;
+  for (int j = 0; j < hd / 2; ++j) {
+    p.rope.inv_freq[j] = st.rope->inv_freq[j];
+    p.rope.axis[j] = st.rope->axis[j];
+  }
+  p.partial = args.partial;
+  p.counters = args.counters;
+
+  // One block per multiprocessor; the kv heads' items spread over them.
+  const int G = ctx.num_sms;
+  int splits = args.max_splits > 0 ? args.max_splits : G / sh.num_kv_heads;
+  splits = std::clamp(splits, 1, kMaxSplits);
+  if (sh.num_kv_heads * splits > G) return false;
+  if (static_cast<size_t>(sh.num_q_heads) * splits * (hd + 2) * sizeof(float) > args.partial_bytes) return false;
+  p.splits = splits;
+
+  // Shared memory: the ring gets what the rest leaves.
+  const size_t smem_max = static_cast<size_t>(args.max_smem);
+  p.keys = smem_max >= (160u << 10) ? 64 : 32;
+  const size_t attn = hd == 128 ? attn_smem_bytes<128>(p.keys) : attn_smem_bytes<64>(p.keys);
+  const size_t xbytes = static_cast<size_t>(std::max({H, I, int64_t{sh.num_q_heads} * hd})) * 2;
+  const size_t partb = (2 * kConsumerWarps * kMaxChunkRows + kConsumerWarps) * sizeof(float);
+  const size_t bars = 2 * kMaxStages * sizeof(uint64_t);
+  auto up = [](size_t v, size_t a) { return (v + a - 1) / a * a; };
+  const size_t fixed = up(xbytes, 128) + up(attn, 128) + up(partb, 128) + bars + 1024;  // + static smem
+  if (smem_max <= fixed) return false;
+  size_t stage = smem_max >= (160u << 10) ? (32u << 10) : (16u << 10);
+  stage = std::max(stage, up(static_cast<size_t>(max_row_bytes), 1024));
+  const int stages = static_cast<int>(std::min<size_t>(kMaxStages, (smem_max - fixed) / stage));
+  if (stages < 2) return false;
+  p.stages = stages;
+  p.stage_bytes = static_cast<int>(stage);
+  size_t off = static_cast<size_t>(stages) * stage;
+  p.off_x = static_cast<int>(off);
+  off += up(xbytes, 128);
+  p.off_attn = static_cast<int>(off);
+  off += up(attn, 128);
+  p.off_part = static_cast<int>(off);
+  off += up(partb, 128);
+  p.off_bar = static_cast<int>(off);
+  off += bars;
+
+  auto kernel = hd == 128 ? decode_stack_kernel<128> : decode_stack_kernel<64>;
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(off)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(G));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = off;
+  cfg.stream = ctx.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (ctx.profiler) ctx.profiler->before("decode_stack");
+  QVL_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&cfg, kernel, p), "decode_stack");
+  if (ctx.profiler) ctx.profiler->after();
+  return true;
+}
+
+}  // namespace qvl::cuda
