@@ -64,6 +64,7 @@ struct BenchOptions {
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split]]"
   bool no_fused_decode = false;
+  int decode_stack_debug = 0;
   std::string out;
 };
 
@@ -220,6 +221,7 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
     }
     opts.fused_decode = !o.no_fused_decode;
+    opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},
@@ -625,6 +627,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
   app.add_flag("--no-fused-decode", o->no_fused_decode,
                "CUDA: run one-sequence decode steps layer by layer instead of as one persistent kernel");
+  app.add_option("--decode-stack-debug", o->decode_stack_debug,
+                 "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention; "
+                 "wrong results, for timing)");
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {

@@ -4,14 +4,19 @@
 // the encoder gives the same bits through the staging buffer as through pageable copies (and is
 // close to the CPU oracle), and that on CUDA it peaks exactly at the arena the plan predicts.
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "core/arena.h"
 #include "gpu/gpu_util.h"
+#include "io/checkpoint.h"
+#include "io/gen_model.h"
 #include "memory/activations.h"
+#include "model/bind.h"
+#include "model/load.h"
 #include "model/model.h"
 #include "model/presets.h"
-#include "unit/random_model.h"
+#include "support/test_support.h"
 
 namespace qvl::test::gpu {
 namespace {
@@ -105,9 +110,16 @@ TEST(GpuModel, VisionThroughStagingIsBitIdenticalAndPlanned) {
   for (const char* preset : {"tiny", "tiny-untied"}) {
     SCOPED_TRACE(preset);
     const ModelConfig cfg = preset_config(preset).value();
-    RandomModel cw(cfg, cpu(), 5), gw(cfg, be, 5);
-    auto cm = Qwen3VLModel::create(cpu(), cfg, cw.weights);
-    auto gm = Qwen3VLModel::create(be, cfg, gw.weights);
+    // Weights as the production path loads them (model/load.h: every tensor on the backend).
+    const std::string dir = scratch_dir(std::string("gpu_vision_upload_") + preset);
+    GenModelOptions gen;
+    gen.seed = 5;
+    gen.max_shard_bytes = kTinyMaxShardBytes;
+    ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok());
+    Checkpoint ckpt = Checkpoint::open(dir).value();
+    const ModelWeights host = bind_host_weights(ckpt, cfg).value();
+    auto cm = Qwen3VLModel::create(cpu(), cfg, load_weights(cpu(), host).value());
+    auto gm = Qwen3VLModel::create(be, cfg, load_weights(be, host).value());
     ASSERT_TRUE(cm.is_ok() && gm.is_ok());
     const int64_t P = cfg.vision.patch_dim();
     const std::vector<ImageGrid> grids = {{1, 8, 12}, {1, 4, 6}};
@@ -153,6 +165,7 @@ TEST(GpuModel, VisionThroughStagingIsBitIdenticalAndPlanned) {
     ASSERT_TRUE(ref.is_ok());
     EXPECT_TRUE(compare("vision encoder (staged uploads)", std::string(preset) + " 2 images",
                         download(be, plain->embeds), download(cpu(), ref->embeds), tol::kGpuModelLogits));
+    std::filesystem::remove_all(dir);
   }
 }
 

