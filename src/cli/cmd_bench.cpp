@@ -628,7 +628,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-fused-decode", o->no_fused_decode,
                "CUDA: run one-sequence decode steps layer by layer instead of as one persistent kernel");
   app.add_option("--decode-stack-debug", o->decode_stack_debug,
-                 "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention; "
+                 "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
                  "wrong results, for timing)");
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");

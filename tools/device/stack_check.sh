@@ -50,10 +50,10 @@ if [[ "$ARGS" == *" profile "* ]] && [ $fused_ok -eq 1 ]; then
     echo "profile $name rc=$?"
   done
 fi
-# Diagnostics: the fused stack with parts switched off (1 waits, 2 math, 4 attention).
+# Diagnostics: the fused stack with parts switched off (1 waits, 2 math, 4 attention, 8 L2 prefetch).
 if [[ "$ARGS" == *" debug "* ]] && [ $fused_ok -eq 1 ]; then
   gen 2b 2b ""
-  for mode in 1 2 3 4 5; do
+  for mode in 1 3 5 8; do
     timeout 60 build-dev/qvl bench --model /tmp/qvl_2b --batch 1 --repeat 1 --gen-tokens 32 --image-size none \
       --decode-stack-debug $mode --out "$out/debug_$mode.json" >"$out/debug_$mode.log" 2>&1
     echo "debug $mode rc=$? $(grep -o '"step_ms": [0-9.]*' "$out/debug_$mode.json" 2>/dev/null | head -1)"

@@ -63,7 +63,8 @@ struct CudaBackendOptions {
   bool fused_decode = true;
   int decode_stack_splits = 0;
   // Diagnostics (qvl bench --decode-stack-debug): bits that switch parts of the fused stack off
-  // (1: dependency waits, 2: Linear math, 4: attention) to time the rest. Results are wrong.
+  // (1: dependency waits, 2: Linear math, 4: attention, 8: L2 prefetch) to time the rest. Results
+  // are wrong (except with 8).
   int decode_stack_debug = 0;
 };
 

@@ -46,7 +46,6 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kMaxChunkRows = 16;  // rows per ring chunk: 16 FP8, 8 BF16 (chunk_rows)
 constexpr int kSegRows = 128;      // rows whose per-warp partial sums wait in shared memory
 constexpr int kMaxGroup = 8;
 constexpr int kMaxStages = 8;
@@ -79,7 +78,8 @@ struct StackParams {
   MropeParams rope;
   float* partial;  // [hq][splits][hd + 2]
   uint32_t* counters;
-  int splits, keys;  // attention splits per kv head; keys per shared-memory round
+  int splits, keys;  // attention splits per kv head (at most; fewer for short contexts); keys per round
+  int prefetch;      // chunks past the ring's reach asked of L2
   int stages, stage_bytes;
   // Shared-memory carve-up (bytes from the start): ring, x, attention, partial sums, barriers.
   int off_x, off_attn, off_part, off_bar;
@@ -88,7 +88,7 @@ struct StackParams {
   long long* trace;
   int debug;
 };
-constexpr int kDebugNoWait = 1, kDebugNoMath = 2, kDebugNoAttention = 4;
+constexpr int kDebugNoWait = 1, kDebugNoMath = 2, kDebugNoAttention = 4, kDebugNoPrefetch = 8;
 
 // ---- small PTX wrappers (sm_90+; empty elsewhere, where the kernel body is compiled out) ----
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -190,26 +190,61 @@ __device__ __forceinline__ int chunk_rows(bool fp8, int row_bytes, int stage_byt
 }
 
 // ---- the producer ----
+// Walks this block's chunks in consumption order: (layer, op, rows [r, r + n)).
 template <int HD>
-__device__ void producer(const StackParams& p, char* ring, uint64_t* full, uint64_t* empty) {
-  uint32_t it = 0;
-  for (int l = 0; l < p.num_layers; ++l) {
-    for (int op = 0; op < 4; ++op) {
-      int N, K, r0, r1;
+struct ChunkCursor {
+  int l = 0, op = -1, r = 0, r1 = 0, rows = 1, row_bytes = 0;
+  const char* w = nullptr;
+  __device__ bool done(const StackParams& p) const { return l >= p.num_layers; }
+  // Moves to the next chunk (from the initial state: the first one).
+  __device__ void next(const StackParams& p) {
+    r += rows;
+    while (r >= r1 && l < p.num_layers) {
+      if (++op == 4) {
+        op = 0;
+        if (++l >= p.num_layers) return;
+      }
+      int N, K, r0;
       op_dims<HD>(p, op, N, K);
       op_rows(N, l, op, r0, r1);
       const bool fp8 = p.layer[l].scale[op] != nullptr;
-      const int row_bytes = K * (fp8 ? 1 : 2);
-      const int rows = chunk_rows(fp8, row_bytes, p.stage_bytes);
-      const char* w = static_cast<const char*>(p.layer[l].w[op]);
-      for (int r = r0; r < r1; r += rows, ++it) {
-        const int stage = it % p.stages;
-        if (it >= static_cast<uint32_t>(p.stages)) mbar_wait(&empty[stage], ((it / p.stages) - 1) & 1);
-        const uint32_t bytes = static_cast<uint32_t>(min(rows, r1 - r) * row_bytes);
-        mbar_expect_tx(&full[stage], bytes);
-        bulk_load(ring + static_cast<size_t>(stage) * p.stage_bytes, w + static_cast<int64_t>(r) * row_bytes, bytes,
-                  &full[stage]);
-      }
+      row_bytes = K * (fp8 ? 1 : 2);
+      rows = chunk_rows(fp8, row_bytes, p.stage_bytes);
+      w = static_cast<const char*>(p.layer[l].w[op]);
+      r = r0;
+    }
+  }
+  __device__ uint32_t bytes() const { return static_cast<uint32_t>(min(rows, r1 - r) * row_bytes); }
+  __device__ const char* src() const { return w + static_cast<int64_t>(r) * row_bytes; }
+};
+
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  QVL_SM90(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory"));
+}
+
+// Copies the chunks into the ring, each once its stage is free. `lead` runs p.prefetch chunks
+// past the ring's reach and asks L2 for them: while the consumers wait on a dependency and the
+// ring is full, the weights keep coming from DRAM into L2 (the ring's copies then hit L2).
+template <int HD>
+__device__ void producer(const StackParams& p, char* ring, uint64_t* full, uint64_t* empty) {
+  ChunkCursor<HD> cur, lead;
+  cur.next(p);
+  lead.next(p);
+  const int ahead = (p.debug & kDebugNoPrefetch) ? 0 : p.stages + p.prefetch;
+  for (int i = 0; i < p.stages && !lead.done(p); ++i) lead.next(p);  // the ring's first fill
+  for (int i = p.stages; i < ahead && !lead.done(p); ++i) {
+    prefetch_l2(lead.src(), lead.bytes());
+    lead.next(p);
+  }
+  for (uint32_t it = 0; !cur.done(p); ++it, cur.next(p)) {
+    const int stage = it % p.stages;
+    if (it >= static_cast<uint32_t>(p.stages)) mbar_wait(&empty[stage], ((it / p.stages) - 1) & 1);
+    const uint32_t bytes = cur.bytes();
+    mbar_expect_tx(&full[stage], bytes);
+    bulk_load(ring + static_cast<size_t>(stage) * p.stage_bytes, cur.src(), bytes, &full[stage]);
+    if (ahead > 0 && !lead.done(p)) {
+      prefetch_l2(lead.src(), lead.bytes());
+      lead.next(p);
     }
   }
 }
@@ -297,33 +332,32 @@ __device__ __forceinline__ void chunk_dot(const char* stage, int n, int K, const
       }
     }
   } else {
-    const int V = K / 16;
+    // 8 weights (8 bytes) per thread and step, so that all warps share a 2048-wide row.
+    const int V = K / 8;
+    const int rb0 = row0 / 128;
     for (int v = tid; v < V; v += kConsumers) {
-      float x[16];
-      {
-        float a[8], b[8];
-        unpack8(reinterpret_cast<const uint4*>(xs)[2 * v], a);
-        unpack8(reinterpret_cast<const uint4*>(xs)[2 * v + 1], b);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = a[e], x[8 + e] = b[e];
-      }
-      const int sc = (v * 16) / 128;
+      float x[8];
+      unpack8(reinterpret_cast<const uint4*>(xs)[v], x);
+      const int sc = (v * 8) / 128;
+      // The chunk's rows span at most two 128-row scale blocks.
+      const float s_lo = __ldg(scale + static_cast<int64_t>(rb0) * scale_cols + sc);
+      const float s_hi = __ldg(scale + static_cast<int64_t>(min(rb0 + 1, (row0 + n - 1) / 128)) * scale_cols + sc);
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         if (j < n) {
-          const uint4 raw = reinterpret_cast<const uint4*>(stage + static_cast<int64_t>(j) * K)[v];
-          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-          float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float2 lo = e4m3x2(static_cast<uint16_t>(words[q] & 0xffff));
-            const float2 hi = e4m3x2(static_cast<uint16_t>(words[q] >> 16));
-            s0 = fmaf(lo.x, x[4 * q], s0);
-            s1 = fmaf(lo.y, x[4 * q + 1], s1);
-            s0 = fmaf(hi.x, x[4 * q + 2], s0);
-            s1 = fmaf(hi.y, x[4 * q + 3], s1);
-          }
-          acc[j] = fmaf(s0 + s1, __ldg(scale + static_cast<int64_t>((row0 + j) / 128) * scale_cols + sc), acc[j]);
+          const uint2 raw = reinterpret_cast<const uint2*>(stage + static_cast<int64_t>(j) * K)[v];
+          const float2 a = e4m3x2(static_cast<uint16_t>(raw.x & 0xffff));
+          const float2 b = e4m3x2(static_cast<uint16_t>(raw.x >> 16));
+          const float2 c = e4m3x2(static_cast<uint16_t>(raw.y & 0xffff));
+          const float2 d = e4m3x2(static_cast<uint16_t>(raw.y >> 16));
+          float s0 = a.x * x[0], s1 = a.y * x[1];
+          s0 = fmaf(b.x, x[2], s0);
+          s1 = fmaf(b.y, x[3], s1);
+          s0 = fmaf(c.x, x[4], s0);
+          s1 = fmaf(c.y, x[5], s1);
+          s0 = fmaf(d.x, x[6], s0);
+          s1 = fmaf(d.y, x[7], s1);
+          acc[j] = fmaf(s0 + s1, (row0 + j) / 128 == rb0 ? s_lo : s_hi, acc[j]);
         }
       }
     }
@@ -550,7 +584,8 @@ __device__ void prepare_task(const StackParams& p, const CacheGeometry& c, int l
 // Attention item (g, s) of layer l: prepare, softmax over its keys round by round, partial out,
 // and the merge when it is the head's last item to arrive. Round 0 was fetched by the caller.
 template <int HD>
-__device__ void attention_item(const StackParams& p, int l, int g, int s, const AttnSmem& a, bool* s_last) {
+__device__ void attention_item(const StackParams& p, int l, int g, int s, int splits, const AttnSmem& a,
+                               bool* s_last) {
   constexpr int OPT = (kMaxGroup * HD + kConsumers - 1) / kConsumers;  // outputs per thread
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int group = p.hq / p.hkv;
@@ -558,7 +593,7 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
   c.layer_offset += static_cast<int64_t>(l) * p.layer_bytes;
   const int ctx = p.context_len[0], newest = ctx - 1;
   int k0, k1;
-  item_keys(ctx, p.splits, s, k0, k1);
+  item_keys(ctx, splits, s, k0, k1);
 
   wait_counter(&p.counters[kQkv], static_cast<uint32_t>(gridDim.x) * (l + 1), p.debug);
   stamp(p, l, 3);
@@ -656,13 +691,25 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
     consumer_sync();  // the stage and the scores are rewritten by the next round
   }
 
+  if (splits == 1) {  // the only item of its head: the output itself, no merge
+#pragma unroll
+    for (int i = 0; i < OPT; ++i) {
+      const int idx = tid + kConsumers * i, h = idx / HD, d = idx % HD;
+      if (h < group) {
+        const float l_sum = a.stats[kMaxGroup + h];
+        p.attn[(g * group + h) * HD + d] = __float2bfloat16_rn(l_sum > 0.0f ? o[i] / l_sum : 0.0f);
+      }
+    }
+    signal_counter(&p.counters[kAttn]);
+    return;
+  }
   // Partial (unnormalised O, m, l) of this item.
-  float* part = p.partial + static_cast<int64_t>(g * group) * p.splits * (HD + 2);
+  float* part = p.partial + static_cast<int64_t>(g * group) * splits * (HD + 2);
 #pragma unroll
   for (int i = 0; i < OPT; ++i) {
     const int idx = tid + kConsumers * i, h = idx / HD, d = idx % HD;
     if (h < group) {
-      float* ph = part + (static_cast<int64_t>(h) * p.splits + s) * (HD + 2);
+      float* ph = part + (static_cast<int64_t>(h) * splits + s) * (HD + 2);
       ph[d] = o[i];
       if (d == 0) {
         ph[HD] = a.stats[h];
@@ -674,7 +721,7 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
   if (tid == 0) {
     __threadfence();
     const uint32_t arrived = atomicAdd(&p.counters[kArrive + g], 1u);
-    *s_last = arrived == static_cast<uint32_t>(p.splits) * (l + 1) - 1;
+    *s_last = arrived == static_cast<uint32_t>(splits) * (l + 1) - 1;
   }
   consumer_sync();
   if (!*s_last) return;
@@ -682,19 +729,19 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
   // Merge: warp h computes split weights exp2(m_s - M) / L into a.sc[h][s]; then every output.
   if (warp < group) {
     const int h = warp;
-    const float* ph = part + static_cast<int64_t>(h) * p.splits * (HD + 2);
+    const float* ph = part + static_cast<int64_t>(h) * splits * (HD + 2);
     float mx = -INFINITY;
-    for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, __ldcg(ph + sp * (HD + 2) + HD));
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, __ldcg(ph + sp * (HD + 2) + HD));
     mx = warp_max(mx);
     float total = 0.0f;
-    for (int sp = lane; sp < p.splits; sp += 32) {
+    for (int sp = lane; sp < splits; sp += 32) {
       const float m = __ldcg(ph + sp * (HD + 2) + HD);
       const float w = m == -INFINITY ? 0.0f : exp2f(m - mx);
       a.sc[h * kMaxSplits + sp] = w;
       total += w * __ldcg(ph + sp * (HD + 2) + HD + 1);
     }
     total = warp_sum(total);
-    for (int sp = lane; sp < p.splits; sp += 32) {
+    for (int sp = lane; sp < splits; sp += 32) {
       const float w = a.sc[h * kMaxSplits + sp];
       a.sc[h * kMaxSplits + sp] = total > 0.0f ? w / total : 0.0f;
     }
@@ -702,10 +749,10 @@ __device__ void attention_item(const StackParams& p, int l, int g, int s, const 
   consumer_sync();
   for (int idx = tid; idx < group * HD; idx += kConsumers) {
     const int h = idx / HD, d = idx % HD;
-    const float* ph = part + static_cast<int64_t>(h) * p.splits * (HD + 2) + d;
+    const float* ph = part + static_cast<int64_t>(h) * splits * (HD + 2) + d;
     float acc = 0.0f;
 #pragma unroll 8
-    for (int sp = 0; sp < p.splits; ++sp) acc = fmaf(__ldcg(ph + sp * (HD + 2)), a.sc[h * kMaxSplits + sp], acc);
+    for (int sp = 0; sp < splits; ++sp) acc = fmaf(__ldcg(ph + sp * (HD + 2)), a.sc[h * kMaxSplits + sp], acc);
     p.attn[(g * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
   signal_counter(&p.counters[kAttn]);
@@ -739,9 +786,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   }
 
   const int G = gridDim.x;
-  const int items = p.hkv * p.splits;
+  // Splits per kv head: one per round of keys, at most p.splits (a short context needs no merge).
+  const int splits = min(p.splits, max(1, (p.context_len[0] + p.keys - 1) / p.keys));
+  const int items = p.hkv * splits;
   const bool has_item = static_cast<int>(blockIdx.x) < items;
-  const int g = blockIdx.x / max(1, p.splits), s = blockIdx.x % max(1, p.splits);
+  const int g = blockIdx.x / splits, s = blockIdx.x % splits;
   uint32_t it = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     // Round 0 of this layer's attention item: keys written before this step, fetched now.
@@ -750,7 +799,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
       c.layer_offset += static_cast<int64_t>(l) * p.layer_bytes;
       const int ctx = p.context_len[0];
       int k0, k1;
-      item_keys(ctx, p.splits, s, k0, k1);
+      item_keys(ctx, splits, s, k0, k1);
       if (k1 > k0) fetch_keys<HD>(p, c, g, k0, min(k1, k0 + p.keys), ctx - 1, a);
     }
     int N, K;
@@ -765,7 +814,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
     stamp(p, l, 2);
     stamp(p, l, 3);
     // attention
-    if (has_item && !(p.debug & kDebugNoAttention)) attention_item<HD>(p, l, g, s, a, &s_last);
+    if (has_item && !(p.debug & kDebugNoAttention)) attention_item<HD>(p, l, g, s, splits, a, &s_last);
     if (has_item && (p.debug & kDebugNoAttention)) signal_counter(&p.counters[kAttn]);
     stamp(p, l, 4);
     // o_proj + residual
@@ -891,6 +940,7 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args) 
   if (sh.num_kv_heads * splits > G) return false;
   if (static_cast<size_t>(sh.num_q_heads) * splits * (hd + 2) * sizeof(float) > args.partial_bytes) return false;
   p.splits = splits;
+  p.prefetch = 4;  // 4 x 32 KiB past the ring per block: ~17 MB of L2 on 132 multiprocessors
 
   // Shared memory: the ring gets what the rest leaves.
   const size_t smem_max = static_cast<size_t>(args.max_smem);
