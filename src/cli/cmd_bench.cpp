@@ -63,7 +63,7 @@ struct BenchOptions {
   int offload_layers = 0;
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split]]"
-  bool no_fused_decode = false;
+  bool fused_decode = false;
   int decode_stack_debug = 0;
   std::string out;
 };
@@ -220,7 +220,7 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_depth = v.size() > 1 ? v[1] : 0;
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
     }
-    opts.fused_decode = !o.no_fused_decode;
+    opts.fused_decode = o.fused_decode;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
@@ -519,7 +519,7 @@ Status run_bench(const BenchOptions& o) {
     const double bytes = static_cast<double>(decode_weight_bytes(model->weights(), B)) + B * avg_ctx * kv_token_bytes;
     decode.push_back({{"batch", B},
                       {"graphs", !o.no_graphs},
-                      {"fused_decode", o.backend == "cuda" && !o.no_fused_decode},
+                      {"fused_decode", o.backend == "cuda" && o.fused_decode && B == 1},
                       {"step_ms", step_ms},
                       {"tokens_per_s", B * 1000.0 / step_ms},
                       {"tokens_per_s_host_argmax", B * 1000.0 / sync_step_ms},
@@ -625,8 +625,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
-  app.add_flag("--no-fused-decode", o->no_fused_decode,
-               "CUDA: run one-sequence decode steps layer by layer instead of as one persistent kernel");
+  app.add_flag("--fused-decode", o->fused_decode,
+               "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
   app.add_option("--decode-stack-debug", o->decode_stack_debug,
                  "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
                  "wrong results, for timing)");

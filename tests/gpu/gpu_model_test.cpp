@@ -149,17 +149,21 @@ TEST(GpuModel, FusedDecodeStackMatchesTheOracleAndTheLayerByLayerPath) {
     gen.max_shard_bytes = kTinyMaxShardBytes;
     ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok()) << name;
     {
-      CudaBackendOptions layered_opt, split_opt;
+      CudaBackendOptions fused_opt, layered_opt, split_opt;
+      fused_opt.fused_decode = true;
       layered_opt.fused_decode = false;
+      split_opt.fused_decode = true;
       split_opt.decode_stack_splits = 2;
+      auto fused_be = make_cuda_backend(fused_opt);
       auto layered_be = make_cuda_backend(layered_opt);
       auto split_be = make_cuda_backend(split_opt);
-      ASSERT_TRUE(layered_be.is_ok() && split_be.is_ok());
-      Loaded c = load(cpu(), dir, cfg), fused = load(*cuda(), dir, cfg);
+      ASSERT_TRUE(fused_be.is_ok() && layered_be.is_ok() && split_be.is_ok());
+      Loaded c = load(cpu(), dir, cfg), fused = load(**fused_be, dir, cfg);
       Loaded layered = load(**layered_be, dir, cfg), split = load(**split_be, dir, cfg);
       ASSERT_TRUE(c.model && fused.model && layered.model && split.model);
       const bool sm90 = cuda_device_info(0).value().compute_capability >= 90;
-      EXPECT_EQ(decode_uses_stack(*cuda(), *fused.model), sm90) << name;
+      EXPECT_EQ(decode_uses_stack(**fused_be, *fused.model), sm90) << name;
+      EXPECT_FALSE(decode_uses_stack(*cuda(), *load(*cuda(), dir, cfg).model)) << name << ": off by default";
       EXPECT_EQ(decode_uses_stack(**split_be, *split.model), sm90) << name;
       EXPECT_FALSE(decode_uses_stack(**layered_be, *layered.model)) << name;
       const int n = 150;

@@ -32,7 +32,7 @@ if [[ "$ARGS" == *" bench "* ]]; then
     IFS=: read -r name preset flag <<<"$m"
     gen "$name" "$preset" "$flag"
     for mode in fused layered; do
-      extra=""; [ "$mode" = layered ] && extra="--no-fused-decode"
+      extra=""; [ "$mode" = fused ] && extra="--fused-decode"
       [ "$mode" = fused ] && [ $fused_ok -eq 0 ] && { echo "bench $name fused skipped (stack test failed)"; continue; }
       timeout 100 build-dev/qvl bench --model "/tmp/qvl_$name" --batch 1 --repeat 3 $extra \
         --out "$out/bench_${name}_$mode.json" >"$out/bench_${name}_$mode.log" 2>&1
@@ -46,7 +46,7 @@ if [[ "$ARGS" == *" profile "* ]] && [ $fused_ok -eq 1 ]; then
     IFS=: read -r name preset flag <<<"$m"
     gen "$name" "$preset" "$flag"
     timeout 100 build-dev/qvl bench --model "/tmp/qvl_$name" --batch 1 --repeat 1 --gen-tokens 8 --image-size none \
-      --profile >"$out/profile_$name.log" 2>&1
+      --fused-decode --profile >"$out/profile_$name.log" 2>&1
     echo "profile $name rc=$?"
   done
 fi
@@ -55,7 +55,7 @@ if [[ "$ARGS" == *" debug "* ]] && [ $fused_ok -eq 1 ]; then
   gen 2b 2b ""
   for mode in 1 3 5 8; do
     timeout 60 build-dev/qvl bench --model /tmp/qvl_2b --batch 1 --repeat 1 --gen-tokens 32 --image-size none \
-      --decode-stack-debug $mode --out "$out/debug_$mode.json" >"$out/debug_$mode.log" 2>&1
+      --fused-decode --decode-stack-debug $mode --out "$out/debug_$mode.json" >"$out/debug_$mode.log" 2>&1
     echo "debug $mode rc=$? $(grep -o '"step_ms": [0-9.]*' "$out/debug_$mode.json" 2>/dev/null | head -1)"
   done
 fi

@@ -57,10 +57,12 @@ struct CudaBackendOptions {
   int skinny_variant = 0;
   int skinny_depth = 0;
   int skinny_split = 0;
-  // A decode step of one sequence runs the whole decoder stack as one persistent kernel
-  // (decode_stack.cu, sm_90+); off: layer by layer. decode_stack_splits: its attention splits
-  // per kv head (0 = multiprocessors / kv heads; tests set it to force several key rounds).
-  bool fused_decode = true;
+  // Experimental, off: a decode step of one sequence runs the whole decoder stack as one
+  // persistent kernel (decode_stack.cu, sm_90+) instead of layer by layer. Correct (GPU tests),
+  // but slower so far on an H100 (2B BF16 2.15 against 2.0 ms per step; see
+  // tools/bench/CUDA_PERF_NOTES.md). decode_stack_splits: its attention splits per kv head (0 =
+  // multiprocessors / kv heads; tests set it to force several key rounds).
+  bool fused_decode = false;
   int decode_stack_splits = 0;
   // Diagnostics (qvl bench --decode-stack-debug): bits that switch parts of the fused stack off
   // (1: dependency waits, 2: Linear math, 4: attention, 8: L2 prefetch) to time the rest. Results
