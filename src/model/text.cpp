@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "memory/activations.h"
 #include "model/model.h"
 
 namespace qvl {
@@ -80,11 +81,8 @@ bool Qwen3VLModel::fused_layers(Tensor x, const TextBatch& batch, const KvCacheV
   const int64_t qkv_cols = tc.q_dim() + 2LL * tc.kv_dim(), attn_cols = tc.q_dim(), gu_cols = 2LL * tc.intermediate_size;
   // The step's scratch comes from the arena when it has room (a decode step uses a small part
   // of an arena planned for prefill chunks); otherwise the layers run op by op.
-  size_t need = 0;
-  for (int64_t cols : {qkv_cols, attn_cols, gu_cols})
-    need += (static_cast<size_t>(n * cols) * dtype_size(act) + Arena::kAlignment - 1) / Arena::kAlignment *
-            Arena::kAlignment;
-  if (arena.capacity() - arena.used() < need + Arena::kAlignment) return false;
+  const int64_t need = arena_bytes(n * qkv_cols, act) + arena_bytes(n * attn_cols, act) + arena_bytes(n * gu_cols, act);
+  if (arena.capacity() - arena.used() < static_cast<size_t>(need) + Arena::kAlignment) return false;
   const size_t mark = arena.used();
   DecoderStackBuffers buffers{arena.alloc(act, {n, qkv_cols}), arena.alloc(act, {n, attn_cols}),
                               arena.alloc(act, {n, gu_cols})};

@@ -30,11 +30,7 @@ using namespace std::chrono_literals;
 
 const std::string kFixtureDir = test::fixture_path("model");
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  QVL_CHECK(in.good()) << "cannot read " << path;
-  return json::parse(in);
-}
+using test::read_json;
 
 struct Case {
   std::string name;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/mmap.h"
-#include "golden/sha256.h"
 #include "image/image.h"
+#include "io/download_sha256.h"
 #include "support/test_support.h"
 #include "support/tolerances.h"
 
@@ -71,15 +71,9 @@ const Refs& refs() {
   GTEST_SKIP() << "fixture tests/fixtures/image_refs/refs.json missing: run tools/reference/make_test_images.py " \
                   "and tools/reference/image_refs.py on the GPU machine"
 
-TEST(ImageGolden, Sha256KnownAnswers) {
-  // FIPS 180-4 examples: "abc" and the 56-byte two-block message; and the empty input.
-  const std::string abc = "abc";
-  EXPECT_EQ(test::sha256_hex(reinterpret_cast<const uint8_t*>(abc.data()), abc.size()),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  const std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  EXPECT_EQ(test::sha256_hex(reinterpret_cast<const uint8_t*>(two.data()), two.size()),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(test::sha256_hex(nullptr, 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+// Hex SHA-256 of decoded pixels (io/download_sha256.h; its known answers are in download_test).
+std::string pixels_sha256(const std::vector<uint8_t>& px) {
+  return sha256_hex(std::string_view(reinterpret_cast<const char*>(px.data()), px.size()));
 }
 
 TEST(ImageGolden, AtLeastThirtyImagesCoverEveryFormat) {
@@ -112,8 +106,7 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
     EXPECT_EQ(d.info.mode, e["mode"].get<std::string>());
     ASSERT_EQ(d.rgb.width, e["width"].get<int>());
     ASSERT_EQ(d.rgb.height, e["height"].get<int>());
-    const bool decode_same =
-        test::sha256_hex(d.rgb.pixels.data(), d.rgb.pixels.size()) == e["rgb_sha256"].get<std::string>();
+    const bool decode_same = pixels_sha256(d.rgb.pixels) == e["rgb_sha256"].get<std::string>();
     EXPECT_TRUE(decode_same) << "decoded RGB8 differs from PIL's convert(\"RGB\")";
     decode_mismatches += !decode_same;
 
@@ -132,8 +125,7 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
       // Same size: the reference's uint8 image is its decode, so equality is the sha256 check.
       ASSERT_EQ(rh, d.rgb.height);
       ASSERT_EQ(rw, d.rgb.width);
-      const bool same_as_ref =
-          test::sha256_hex(d.rgb.pixels.data(), d.rgb.pixels.size()) == e["resized_sha256"].get<std::string>();
+      const bool same_as_ref = pixels_sha256(d.rgb.pixels) == e["resized_sha256"].get<std::string>();
       EXPECT_TRUE(same_as_ref);
       const int64_t n = static_cast<int64_t>(d.rgb.pixels.size());
       compared += n;
@@ -173,8 +165,7 @@ TEST(ImageGolden, EveryImageMatchesTheReferenceProcessor) {
     identical += same;
     // One uint8 level is the tolerance on pixel_values: |d| / 127.5 <= kPixelAbs.
     EXPECT_LE(max_diff / 127.5, test::tol::kPixelAbs) << "resized uint8 differs by " << max_diff << " levels";
-    const bool resized_same =
-        test::sha256_hex(ours.pixels.data(), ours.pixels.size()) == e["resized_sha256"].get<std::string>();
+    const bool resized_same = pixels_sha256(ours.pixels) == e["resized_sha256"].get<std::string>();
     images_not_identical += !resized_same;
 
     // pixel_values: our patchify of the reference uint8 must be the reference tensor exactly

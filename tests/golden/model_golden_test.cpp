@@ -35,11 +35,7 @@ const char* kHowToMake =
     "run `python3 tools/reference/model_fixtures.py --out OUT` on the GPU machine and unpack "
     "OUT/model_fixtures.tar.gz into tests/fixtures/";
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  QVL_CHECK(in.good()) << "cannot read " << path;
-  return json::parse(in);
-}
+using test::read_json;
 
 int64_t argmax(const float* v, int64_t n) {
   int64_t best = 0;

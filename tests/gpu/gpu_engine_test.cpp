@@ -34,12 +34,6 @@ using namespace std::chrono_literals;
 
 const std::string kFixtureDir = test::fixture_path("model");
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  QVL_CHECK(in.good()) << "cannot read " << path;
-  return json::parse(in);
-}
-
 struct Case {
   std::string name;
   GenerationRequest request;

@@ -10,9 +10,13 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/check.h"
+
 namespace qvl::test {
 
-std::string fixture_path(const std::string& rel) { return std::string(QVL_TEST_FIXTURES) + "/" + rel; }
+std::string fixture_path(const std::string& rel) {
+  return std::string(QVL_TEST_FIXTURES) + "/" + rel;
+}
 
 namespace {
 // Every scratch directory this test process made; removed when the process exits, so repeated
@@ -37,8 +41,8 @@ ScratchRegistry& scratch_registry() {
 std::string scratch_dir(const std::string& name) {
   static std::atomic<int> counter{0};
   ScratchRegistry& registry = scratch_registry();
-  std::string dir = std::string(QVL_TEST_TMP) + "/" + name + "." + std::to_string(::getpid()) + "." +
-                    std::to_string(counter++);
+  std::string dir =
+      std::string(QVL_TEST_TMP) + "/" + name + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::lock_guard<std::mutex> lock(registry.mutex);
@@ -51,7 +55,9 @@ std::string tokenizer_dir() {
   return std::filesystem::exists(dir + "/tokenizer.json") ? dir : "";
 }
 
-std::string qvl_binary() { return QVL_BINARY; }
+std::string qvl_binary() {
+  return QVL_BINARY;
+}
 
 CommandResult run_command(const std::string& command_line) {
   std::string dir = scratch_dir("cmd");
@@ -70,6 +76,12 @@ CommandResult run_command(const std::string& command_line) {
   r.err = slurp(err_path);
   std::filesystem::remove_all(dir);
   return r;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  QVL_CHECK(in.good()) << "cannot read " << path;
+  return nlohmann::json::parse(in);
 }
 
 std::vector<float> read_f32(const std::string& path) {
@@ -96,8 +108,8 @@ CompareResult compare_allclose(const float* a, const float* b, int64_t n, double
     if (bad && r.ok) {
       r.ok = false;
       std::ostringstream os;
-      os << "index " << i << ": actual " << a[i] << " expected " << b[i] << " (|diff| " << diff << " > "
-         << atol << " + " << rtol << "*|expected|)";
+      os << "index " << i << ": actual " << a[i] << " expected " << b[i] << " (|diff| " << diff << " > " << atol
+         << " + " << rtol << "*|expected|)";
       r.message = os.str();
     }
   }

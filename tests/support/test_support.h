@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct CommandResult {
 // Runs a shell command line and captures stdout and stderr.
 CommandResult run_command(const std::string& command_line);
 
+// Parses a JSON file (a fixture); a check failure naming the path when it cannot be read.
+nlohmann::json read_json(const std::string& path);
 // Reads a raw little-endian float32 file.
 std::vector<float> read_f32(const std::string& path);
 

@@ -46,7 +46,7 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kSegRows = 128;      // rows whose per-warp partial sums wait in shared memory
+constexpr int kSegRows = 128;              // rows whose per-warp partial sums wait in shared memory
 constexpr int kMaxGroup = 8;
 constexpr int kMaxStages = 8;
 constexpr int kMaxSplits = 64;
@@ -103,21 +103,22 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)));
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory"));
+  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                        : "memory"));
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory"));
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  QVL_SM90(asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory"));
+  QVL_SM90(
+      asm volatile("{\n"
+                   ".reg .pred p;\n"
+                   "WAIT_%=:\n"
+                   "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                   "@!p bra WAIT_%=;\n"
+                   "}\n" ::"r"(smem_addr(bar)),
+                   "r"(parity)
+                   : "memory"));
 }
 // Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -177,10 +178,18 @@ __device__ __forceinline__ void op_rows(int R, int l, int op, int& r0, int& r1) 
 template <int HD>
 __device__ __forceinline__ void op_dims(const StackParams& p, int op, int& N, int& K) {
   switch (op) {
-    case 0: N = (p.hq + 2 * p.hkv) * HD, K = p.H; break;
-    case 1: N = p.H, K = p.hq * HD; break;
-    case 2: N = 2 * p.I, K = p.H; break;
-    default: N = p.H, K = p.I; break;
+    case 0:
+      N = (p.hq + 2 * p.hkv) * HD, K = p.H;
+      break;
+    case 1:
+      N = p.H, K = p.hq * HD;
+      break;
+    case 2:
+      N = 2 * p.I, K = p.H;
+      break;
+    default:
+      N = p.H, K = p.I;
+      break;
   }
 }
 
@@ -490,8 +499,8 @@ __device__ __forceinline__ AttnSmem attn_smem(const StackParams& p, char* base) 
 }
 template <int HD>
 constexpr size_t attn_smem_bytes(int keys) {
-  return static_cast<size_t>(keys) * 2 * kv_pitch<HD>() + kMaxGroup * HD * 4 + kMaxGroup * kMaxSplits * 4 +
-         2 * HD * 2 + 3 * kMaxGroup * 4;
+  return static_cast<size_t>(keys) * 2 * kv_pitch<HD>() + kMaxGroup * HD * 4 + kMaxGroup * kMaxSplits * 4 + 2 * HD * 2 +
+         3 * kMaxGroup * 4;
 }
 
 // Keys [k0, k1) of this item (an empty range when the split lies past the context).
@@ -584,8 +593,7 @@ __device__ void prepare_task(const StackParams& p, const CacheGeometry& c, int l
 // Attention item (g, s) of layer l: prepare, softmax over its keys round by round, partial out,
 // and the merge when it is the head's last item to arrive. Round 0 was fetched by the caller.
 template <int HD>
-__device__ void attention_item(const StackParams& p, int l, int g, int s, int splits, const AttnSmem& a,
-                               bool* s_last) {
+__device__ void attention_item(const StackParams& p, int l, int g, int s, int splits, const AttnSmem& a, bool* s_last) {
   constexpr int OPT = (kMaxGroup * HD + kConsumers - 1) / kConsumers;  // outputs per thread
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int group = p.hq / p.hkv;
@@ -802,47 +810,28 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
       item_keys(ctx, splits, s, k0, k1);
       if (k1 > k0) fetch_keys<HD>(p, c, g, k0, min(k1, k0 + p.keys), ctx - 1, a);
     }
-    int N, K;
-    // qkv
+    // One Linear of the layer: wait for its input, build it, stream the rows, count this block.
+    auto linear = [&](int op, Counter after, uint32_t target, Counter done, int stamp_ready) {
+      wait_counter(&p.counters[after], target, p.debug);
+      int N, K;
+      op_dims<HD>(p, op, N, K);
+      if (!(p.debug & kDebugNoMath)) load_input(p, op, l, K, xs, red);
+      stamp(p, l, stamp_ready);
+      linear_phase<HD>(p, l, op, N, K, ring, full, empty, it, xs, part);
+      signal_counter(&p.counters[done]);
+      stamp(p, l, stamp_ready + 1);
+    };
+    const uint32_t all = static_cast<uint32_t>(G) * (l + 1);
     stamp(p, l, 0);
-    if (l > 0) wait_counter(&p.counters[kDown], static_cast<uint32_t>(G) * l, p.debug);
-    op_dims<HD>(p, 0, N, K);
-    if (!(p.debug & kDebugNoMath)) load_input(p, 0, l, K, xs, red);
-    stamp(p, l, 1);
-    linear_phase<HD>(p, l, 0, N, K, ring, full, empty, it, xs, part);
-    signal_counter(&p.counters[kQkv]);
-    stamp(p, l, 2);
+    linear(0, kDown, static_cast<uint32_t>(G) * l, kQkv, 1);  // qkv (layer 0 waits for nothing)
     stamp(p, l, 3);
-    // attention
     if (has_item && !(p.debug & kDebugNoAttention)) attention_item<HD>(p, l, g, s, splits, a, &s_last);
     if (has_item && (p.debug & kDebugNoAttention)) signal_counter(&p.counters[kAttn]);
     stamp(p, l, 4);
-    // o_proj + residual
-    // (one arrival per merged kv head; per item when attention is switched off)
-    wait_counter(&p.counters[kAttn], static_cast<uint32_t>((p.debug & kDebugNoAttention) ? items : p.hkv) * (l + 1),
-                 p.debug);
-    op_dims<HD>(p, 1, N, K);
-    if (!(p.debug & kDebugNoMath)) load_input(p, 1, l, K, xs, red);
-    stamp(p, l, 5);
-    linear_phase<HD>(p, l, 1, N, K, ring, full, empty, it, xs, part);
-    signal_counter(&p.counters[kO]);
-    stamp(p, l, 6);
-    // gate_up
-    wait_counter(&p.counters[kO], static_cast<uint32_t>(G) * (l + 1), p.debug);
-    op_dims<HD>(p, 2, N, K);
-    if (!(p.debug & kDebugNoMath)) load_input(p, 2, l, K, xs, red);
-    stamp(p, l, 7);
-    linear_phase<HD>(p, l, 2, N, K, ring, full, empty, it, xs, part);
-    signal_counter(&p.counters[kGu]);
-    stamp(p, l, 8);
-    // down + residual
-    wait_counter(&p.counters[kGu], static_cast<uint32_t>(G) * (l + 1), p.debug);
-    op_dims<HD>(p, 3, N, K);
-    if (!(p.debug & kDebugNoMath)) load_input(p, 3, l, K, xs, red);
-    stamp(p, l, 9);
-    linear_phase<HD>(p, l, 3, N, K, ring, full, empty, it, xs, part);
-    signal_counter(&p.counters[kDown]);
-    stamp(p, l, 10);
+    // o_proj + residual after one arrival per merged kv head (per item with attention off)
+    linear(1, kAttn, static_cast<uint32_t>((p.debug & kDebugNoAttention) ? items : p.hkv) * (l + 1), kO, 5);
+    linear(2, kO, all, kGu, 7);     // gate_up
+    linear(3, kGu, all, kDown, 9);  // down + residual
   }
   // The last block out puts every counter back to zero for the next launch.
   if (threadIdx.x == 0) {
