@@ -246,6 +246,11 @@ class Backend {
   // out = x in out's dtype, element by element (same element count): F32 -> BF16 rounds to
   // nearest even (core/dtype.h float_to_bf16), BF16 -> F32 is exact, equal dtypes copy.
   virtual void convert(Tensor out, const Tensor& x);
+  // Vision input from a resized RGB8 image: rgb U8 [grid_h·patch · grid_w·patch · 3] (rows of
+  // interleaved RGB) -> out [grid_h·grid_w, 3·temporal·patch²] in out's dtype (F32, or BF16
+  // rounded to nearest even): (u8 − 127.5f) / 127.5f in float32, rows in the processor's merge
+  // order, the temporal copies identical: image/image.h patchify_into, bit for bit.
+  virtual void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge, int temporal);
   // x += Σ_k w[i,k] · table[idx[i,k]]          x [n, D], table [P, D], idx I32 [n, 4], w F32 [n, 4]
   virtual void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) = 0;
 
@@ -347,6 +352,10 @@ inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_
 
 inline void Backend::argmax_rows(Tensor, const Tensor&) {
   QVL_CHECK(false) << name() << ": argmax_rows is not implemented";
+}
+
+inline void Backend::patchify_rgb(Tensor, const Tensor&, int, int, int, int, int) {
+  QVL_CHECK(false) << name() << ": patchify_rgb is not implemented";
 }
 
 inline void Backend::convert(Tensor out, const Tensor& x) {

@@ -8,9 +8,9 @@
 //   qvl bench MODEL|--model M [--image-size 1024x768|none] [--prompt-tokens 24] [--gen-tokens 64]
 //             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--profile] [--out FILE]
 //
-// The prompt is the chat-templated shape of one image + N text tokens; pixel values and text ids
-// are synthetic (timings do not depend on values). Timings are medians of --repeat runs after a
-// warm-up; the host clock is read after a synchronize.
+// The prompt is the chat-templated shape of one image + N text tokens; the image (RGB bytes, as
+// the server hands it to the model) and text ids are synthetic (timings do not depend on values). Timings are medians
+// of --repeat runs after a warm-up; the host clock is read after a synchronize.
 //
 // --profile (CUDA) then runs the vision encoder, the TTFT path and one decode step per batch
 // size once more with every launch timed by CUDA events (eager, no graphs; the stream is held
@@ -31,6 +31,7 @@
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/arena.h"
+#include "image/image.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "memory/activations.h"
@@ -163,13 +164,13 @@ json profile_table(const std::string& title, const std::vector<CudaKernelTime>& 
 }
 #endif
 
-// Deterministic pixel values in [-1, 1].
-std::vector<float> synthetic_pixels(int64_t n) {
-  std::vector<float> v(static_cast<size_t>(n));
+// A deterministic RGB8 image of n bytes (an LCG's high bits).
+std::vector<uint8_t> synthetic_rgb(int64_t n) {
+  std::vector<uint8_t> v(static_cast<size_t>(n));
   uint32_t s = 12345;
   for (auto& x : v) {
     s = s * 1664525u + 1013904223u;
-    x = static_cast<float>(s >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+    x = static_cast<uint8_t>(s >> 24);
   }
   return v;
 }
@@ -246,15 +247,23 @@ Status run_bench(const BenchOptions& o) {
   const TokenIds& tk = config.tokens;
   std::vector<int32_t> ids = {151644, 872, 198};
   std::vector<ImageGrid> grids;
+  // The image as the server sends it to the model (RGB bytes, patchified on the device), and
+  // the same image as f32 pixel values (the other input form) for comparison.
+  std::vector<uint8_t> rgb;
   std::vector<float> pixels;
-  std::vector<ImageInput> images;
+  std::vector<ImageInput> images, f32_images;
   if (with_image) {
     ids.push_back(tk.vision_start_token_id);
     ids.insert(ids.end(), static_cast<size_t>(grid.num_tokens(config.vision.spatial_merge_size)), tk.image_token_id);
     ids.push_back(tk.vision_end_token_id);
     grids.push_back(grid);
-    pixels = synthetic_pixels(grid.num_patches() * config.vision.patch_dim());
-    images.push_back({pixels.data(), grid});
+    const VisionConfig& vc = config.vision;
+    rgb = synthetic_rgb(grid.num_patches() * vc.patch_size * vc.patch_size * 3);
+    pixels.resize(static_cast<size_t>(grid.num_patches() * vc.patch_dim()));
+    image::patchify_into(rgb.data(), grid.h * vc.patch_size, grid.w * vc.patch_size, vc.patch_size,
+                         vc.spatial_merge_size, vc.temporal_patch_size, pixels.data());
+    images.push_back({nullptr, grid, rgb.data()});
+    f32_images.push_back({pixels.data(), grid});
   }
   for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(static_cast<int32_t>(1000 + (37 * i) % 50000));
   for (int32_t t : {151645, 198, 151644, 77091, 198}) ids.push_back(t);
@@ -311,21 +320,21 @@ Status run_bench(const BenchOptions& o) {
   };
 
   // ---- vision ----
-  // vision_ms: uploads through the pinned staging buffer (as the runners do); the same without
-  // it (from the caller's pageable memory) for comparison.
-  double vision_ms = 0, vision_ms_pageable = 0;
+  // vision_ms: RGB bytes up through the pinned staging buffer (as the runners do);
+  // vision_ms_f32: the same image as f32 pixel values, for comparison.
+  double vision_ms = 0, vision_ms_f32 = 0;
   if (with_image) {
-    for (const bool staged : {true, false}) {
+    for (const bool from_rgb : {true, false}) {
       std::vector<double> runs;
       for (int r = 0; r <= o.repeat; ++r) {
         arena.reset();
         be.synchronize();
         const auto t = Clock::now();
-        QVL_ASSIGN_OR_RETURN(VisionOutput vis, model->encode_images(images, arena, staged ? staging : HostStaging{}));
+        QVL_ASSIGN_OR_RETURN(VisionOutput vis, model->encode_images(from_rgb ? images : f32_images, arena, staging));
         be.synchronize();
         if (r > 0) runs.push_back(ms_since(t));  // run 0 warms up
       }
-      (staged ? vision_ms : vision_ms_pageable) = median(runs);
+      (from_rgb ? vision_ms : vision_ms_f32) = median(runs);
     }
   }
   json profiles = json::array();
@@ -584,7 +593,7 @@ Status run_bench(const BenchOptions& o) {
   out["prompt_tokens"] = L;
   out["text_tokens"] = o.prompt_tokens;
   out["vision_ms"] = vision_ms;
-  out["vision_ms_pageable"] = vision_ms_pageable;
+  out["vision_ms_f32"] = vision_ms_f32;
   out["prefill_ms"] = prefill_ms;
   out["prefill_tokens_per_s"] = prefill_ms > 0 ? L / (prefill_ms * 1e-3) : 0.0;
   out["ttft_ms"] = ttft_ms;
@@ -627,9 +636,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
-  app.add_option("--decode-stack-debug", o->decode_stack_debug,
-                 "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
-                 "wrong results, for timing)");
+  app.add_option(
+      "--decode-stack-debug", o->decode_stack_debug,
+      "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
+      "wrong results, for timing)");
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {

@@ -31,10 +31,13 @@ struct SamplingParams {
   bool ignore_eos = false;
 };
 
-// One image after preprocessing: pixel_values [grid_t·grid_h·grid_w, patch_dim] float32 in the
-// reference's row order, and its patch grid.
+// One image after preprocessing, and its patch grid, in one of two forms: pixel_values
+// [grid_t·grid_h·grid_w, patch_dim] float32 in the reference's row order, or (grid_t 1) the
+// resized RGB8 image rgb [grid_h·patch, grid_w·patch, 3] that the model patchifies on its
+// backend (image/image.h PreprocessOptions::rgb_output). Exactly one of the two is non-empty.
 struct PreparedImage {
   std::vector<float> pixel_values;
+  std::vector<uint8_t> rgb;
   int grid_t = 1, grid_h = 0, grid_w = 0;
   int64_t num_patches() const { return static_cast<int64_t>(grid_t) * grid_h * grid_w; }
 };

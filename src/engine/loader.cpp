@@ -160,6 +160,8 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   io.temporal_patch_size = pc.temporal_patch_size;
   io.max_image_pixels = rt.max_image_pixels;
   io.max_image_tokens = std::max<int64_t>(1, m.plan.image_tokens);
+  // Images reach the model as resized RGB bytes and are patchified on its backend.
+  io.rgb_output = true;
   return m;
 }
 

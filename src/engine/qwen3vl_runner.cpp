@@ -90,11 +90,21 @@ class Qwen3VLRunner final : public ModelRunner {
     if (image.num_patches() > limits_.max_image_patches)
       return out_of_range("image of " + std::to_string(image.num_patches()) + " patches exceeds the " +
                           std::to_string(limits_.max_image_patches) + " patches the memory plan holds");
-    const size_t want = static_cast<size_t>(image.num_patches()) * vc.patch_dim();
-    if (image.pixel_values.size() != want)
-      return invalid_argument("image pixel_values hold " + std::to_string(image.pixel_values.size()) +
-                              " floats, the grid needs " + std::to_string(want));
-    ImageInput input{image.pixel_values.data(), ImageGrid{image.grid_t, image.grid_h, image.grid_w}};
+    ImageInput input{nullptr, ImageGrid{image.grid_t, image.grid_h, image.grid_w}};
+    if (!image.rgb.empty()) {
+      const size_t want = static_cast<size_t>(image.num_patches()) * vc.patch_size * vc.patch_size * 3;
+      if (image.rgb.size() != want || !image.pixel_values.empty())
+        return invalid_argument("image rgb holds " + std::to_string(image.rgb.size()) + " bytes (and " +
+                                std::to_string(image.pixel_values.size()) + " pixel values), the grid needs " +
+                                std::to_string(want) + " bytes alone");
+      input.rgb = image.rgb.data();
+    } else {
+      const size_t want = static_cast<size_t>(image.num_patches()) * vc.patch_dim();
+      if (image.pixel_values.size() != want)
+        return invalid_argument("image pixel_values hold " + std::to_string(image.pixel_values.size()) +
+                                " floats, the grid needs " + std::to_string(want));
+      input.pixel_values = image.pixel_values.data();
+    }
     auto out = model_->encode_images(std::span<const ImageInput>(&input, 1), arena_,
                                      {staging_buffer_.data(), staging_buffer_.size()});
     if (!out.is_ok()) {

@@ -79,6 +79,10 @@ struct PreprocessOptions {
   int patch_size = 16;
   int merge_size = 2;
   int temporal_patch_size = 2;
+  // preprocess() keeps the resized RGB8 image (PreparedImage::rgb) instead of expanding it into
+  // f32 pixel_values: the model patchifies it where it runs (Backend::patchify_rgb), moving 3
+  // bytes per pixel instead of 4 x 3 x temporal_patch_size.
+  bool rgb_output = false;
 
   int factor() const { return patch_size * merge_size; }
   int64_t effective_max_pixels() const;
@@ -121,6 +125,11 @@ RgbImage resize_bicubic_antialias(const RgbImage& src, int out_height, int out_w
 // (u8 - 127.5f) / 127.5f in float32. `rgb` must already have the target size (multiples of
 // factor()).
 PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options);
+
+// The same for a bare (height, width, 3) RGB8 buffer into out [height/patch * width/patch,
+// 3 * temporal * patch^2] (height and width multiples of patch * merge); the CPU backend's
+// patchify_rgb and patchify() share it.
+void patchify_into(const uint8_t* rgb, int height, int width, int patch, int merge, int temporal, float* out);
 
 // RGB8 -> PreparedImage: target_size, resize, normalize, patchify.
 Result<PreparedImage> preprocess(const RgbImage& rgb, const PreprocessOptions& options);

@@ -125,23 +125,16 @@ Result<ImagePlan> plan_image(std::span<const uint8_t> data, const DecodeLimits& 
   return plan;
 }
 
-PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
-  const int p = options.patch_size, m = options.merge_size, tps = options.temporal_patch_size;
-  QVL_CHECK(rgb.height % (p * m) == 0 && rgb.width % (p * m) == 0)
-      << "patchify needs multiples of " << p * m << ", got " << rgb.width << "x" << rgb.height;
-  QVL_CHECK_EQ(rgb.pixels.size(), static_cast<size_t>(rgb.height) * rgb.width * 3);
-  PreparedImage out;
-  out.grid_t = 1;
-  out.grid_h = rgb.height / p;
-  out.grid_w = rgb.width / p;
+void patchify_into(const uint8_t* rgb, int height, int width, int patch, int merge, int temporal, float* out) {
+  const int p = patch, m = merge, tps = temporal;
+  QVL_CHECK(p > 0 && m > 0 && tps > 0 && height % (p * m) == 0 && width % (p * m) == 0)
+      << "patchify needs multiples of " << p * m << ", got " << width << "x" << height;
+  const int grid_w = width / p;
+  const int64_t n_patches = static_cast<int64_t>(height / p) * grid_w;
   const int64_t patch_dim = 3LL * tps * p * p;
-  const int64_t n_patches = out.num_patches();
-  detail::resize_large(out.pixel_values, static_cast<size_t>(n_patches * patch_dim));
   const std::array<float, 256>& lut = normalize_table();
-  const int blocks_w = out.grid_w / m;
-  const int64_t row_stride = static_cast<int64_t>(rgb.width) * 3;
-  const uint8_t* src = rgb.pixels.data();
-  float* dst = out.pixel_values.data();
+  const int blocks_w = grid_w / m;
+  const int64_t row_stride = static_cast<int64_t>(width) * 3;
 
   // Row order of the reference's reshape(B, C, gh/m, m, p, gw/m, m, p).permute(0,2,5,3,6,1,4,7):
   // row = ((hb * gw/m + wb) * m + hi) * m + wi, patch origin y0 = (hb*m + hi)*p, x0 = (wb*m + wi)*p;
@@ -156,24 +149,55 @@ PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
     const int wb = static_cast<int>(block % blocks_w);
     const int hb = static_cast<int>(block / blocks_w);
     const int64_t y0 = static_cast<int64_t>(hb * m + hi) * p, x0 = static_cast<int64_t>(wb * m + wi) * p;
-    float* out_row = dst + row * patch_dim;
+    float* out_row = out + row * patch_dim;
     for (int c = 0; c < 3; ++c) {
       float* plane = out_row + static_cast<int64_t>(c) * tps * p * p;  // t = 0
       for (int py = 0; py < p; ++py) {
-        const uint8_t* s = src + (y0 + py) * row_stride + x0 * 3 + c;
+        const uint8_t* s = rgb + (y0 + py) * row_stride + x0 * 3 + c;
         float* d = plane + static_cast<int64_t>(py) * p;
         for (int px = 0; px < p; ++px) d[px] = lut[s[px * 3]];
       }
       for (int t = 1; t < tps; ++t) std::memcpy(plane + static_cast<int64_t>(t) * p * p, plane, sizeof(float) * p * p);
     }
   }
+}
+
+PreparedImage patchify(const RgbImage& rgb, const PreprocessOptions& options) {
+  const int p = options.patch_size;
+  QVL_CHECK(rgb.height % options.factor() == 0 && rgb.width % options.factor() == 0)
+      << "patchify needs multiples of " << options.factor() << ", got " << rgb.width << "x" << rgb.height;
+  QVL_CHECK_EQ(rgb.pixels.size(), static_cast<size_t>(rgb.height) * rgb.width * 3);
+  PreparedImage out;
+  out.grid_t = 1;
+  out.grid_h = rgb.height / p;
+  out.grid_w = rgb.width / p;
+  detail::resize_large(out.pixel_values,
+                       static_cast<size_t>(out.num_patches() * 3 * options.temporal_patch_size * p * p));
+  patchify_into(rgb.pixels.data(), rgb.height, rgb.width, p, options.merge_size, options.temporal_patch_size,
+                out.pixel_values.data());
   return out;
 }
+
+namespace {
+// The resized image as it is (PreprocessOptions::rgb_output): the model patchifies it.
+PreparedImage keep_rgb(RgbImage rgb, const PreprocessOptions& options) {
+  QVL_CHECK(rgb.height % options.factor() == 0 && rgb.width % options.factor() == 0)
+      << "the resized image must be multiples of " << options.factor() << ", got " << rgb.width << "x" << rgb.height;
+  PreparedImage out;
+  out.grid_t = 1;
+  out.grid_h = rgb.height / options.patch_size;
+  out.grid_w = rgb.width / options.patch_size;
+  out.rgb = std::move(rgb.pixels);
+  return out;
+}
+}  // namespace
 
 Result<PreparedImage> preprocess(const RgbImage& rgb, const PreprocessOptions& options) {
   QVL_CHECK_EQ(rgb.pixels.size(), static_cast<size_t>(rgb.height) * rgb.width * 3);
   QVL_ASSIGN_OR_RETURN(ResizeTarget t, target_size(rgb.height, rgb.width, options));
-  if (t.height == rgb.height && t.width == rgb.width) return patchify(rgb, options);
+  const bool same = t.height == rgb.height && t.width == rgb.width;
+  if (options.rgb_output) return keep_rgb(same ? rgb : resize_bicubic_antialias(rgb, t.height, t.width), options);
+  if (same) return patchify(rgb, options);
   RgbImage resized = resize_bicubic_antialias(rgb, t.height, t.width);
   return patchify(resized, options);
 }

@@ -14,8 +14,10 @@
 //     hidden x [N, D], rope table [N, 2, dh] f32, cu_seqlens i32 [G + 1]      — live to the end
 //     then one stage at a time:
 //       patch stage:   pixels f32 [N, C·T·P·P] as uploaded, the same in the activation dtype
-//                      when that is not f32 (converted on the device), pos index i32 [N, 4],
-//                      pos weight f32 [N, 4]
+//                      when that is not f32 (converted on the device) — or, for RGB input,
+//                      u8 [N·P·P·3] as uploaded and the patchified [N, C·T·P·P] in the
+//                      activation dtype (the larger of the two forms is planned) — then pos
+//                      index i32 [N, 4], pos weight f32 [N, 4]
 //       attention:     h [N, D], qkv [N, 3D], attn [N, D]       (proj adds into x)
 //       mlp:           h [N, D], fc1 [N, F]                      (fc2 adds into x)
 //       deepstack tap: ln [T, 4D], fc1 [T, 4D]                   (fc2 writes its output)
@@ -32,7 +34,8 @@
 //   The step's inputs (token ids, logits rows, positions, slots and the other TextBatch tables)
 //   live in their own fixed buffer (step_input_bytes): CUDA graphs need their addresses fixed.
 // - The vision forward's uploads go through a host staging buffer (model.h HostStaging; pinned
-//   memory on CUDA), laid out like an arena: pixels f32 [N, C·T·P·P], rope [N, 2, dh] f32,
+//   memory on CUDA), laid out like an arena: pixels f32 [N, C·T·P·P] (or the smaller RGB
+//   bytes), rope [N, 2, dh] f32,
 //   cu_seqlens i32 [G + 1], pos index i32 [N, 4], pos weight f32 [N, 4].
 // - A model runner allocates exactly runner_buffers(): the arena (one image's features, then
 //   the larger of the vision scratch and the decoder step above them), the step inputs and the
@@ -60,8 +63,10 @@ struct VisionActivationTerms {
   int64_t hidden = 0;      // x [N, D]
   int64_t rope_table = 0;  // [N, 2, dh] f32
   int64_t cu_seqlens = 0;  // i32 [G + 1]
-  // Stages (only one is live at a time).
+  // Stages (only one is live at a time). The patch stage is the larger of its two input forms.
   int64_t patch_stage = 0;
+  int64_t patch_stage_pixels = 0;  // from f32 pixel values
+  int64_t patch_stage_rgb = 0;     // from RGB bytes
   int64_t attention_stage = 0;
   int64_t mlp_stage = 0;
   int64_t deepstack_stage = 0;  // 0 without deepstack taps

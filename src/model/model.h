@@ -32,11 +32,15 @@
 
 namespace qvl {
 
-// One preprocessed image: pixel_values [t·h·w, patch_dim] float32 on the host, rows in the
-// processor's merge order (image/ produces exactly this; engine.h PreparedImage holds it).
+// One preprocessed image on the host, in one of two forms (engine.h PreparedImage holds either):
+// pixel_values [t·h·w, patch_dim] float32, rows in the processor's merge order; or (t = 1) the
+// resized RGB8 image rgb [h·patch, w·patch, 3], which goes up as bytes and is patchified on the
+// backend (Backend::patchify_rgb: the same values, 8x fewer bytes to copy and transfer). The
+// images of one encode_images call all use the same form.
 struct ImageInput {
   const float* pixel_values = nullptr;
   ImageGrid grid;
+  const uint8_t* rgb = nullptr;
 };
 
 // Host memory through which encode_images sends what it uploads (the F32 pixel values, then

@@ -19,10 +19,19 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
   const VisionWeights& w = weights_.vision;
   if (images.empty()) return invalid_argument("encode_images: no images");
   std::vector<ImageGrid> grids;
+  const bool from_rgb = images[0].rgb != nullptr;
   for (size_t i = 0; i < images.size(); ++i) {
-    QVL_RETURN_IF_ERROR(validate_grid(images[i].grid, vc, static_cast<int>(i)));
-    if (!images[i].pixel_values) return invalid_argument("image " + std::to_string(i) + ": no pixel values");
-    grids.push_back(images[i].grid);
+    const ImageInput& img = images[i];
+    const std::string name = "image " + std::to_string(i);
+    QVL_RETURN_IF_ERROR(validate_grid(img.grid, vc, static_cast<int>(i)));
+    if (!img.pixel_values == !img.rgb)
+      return invalid_argument(name + ": give either pixel values or RGB bytes, not " + (img.rgb ? "both" : "neither"));
+    if ((img.rgb != nullptr) != from_rgb)
+      return invalid_argument(name + ": images of one call must all be pixel values or all RGB bytes");
+    if (img.rgb && (img.grid.t != 1 || vc.in_channels != 3))
+      return invalid_argument(name + ": RGB bytes need grid t = 1 and 3 input channels (grid t " +
+                              std::to_string(img.grid.t) + ", " + std::to_string(vc.in_channels) + " channels)");
+    grids.push_back(img.grid);
   }
   // Staged: the tables are written straight into the staging buffer further down.
   const bool staged = staging.data != nullptr;
@@ -58,32 +67,51 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
   const size_t stage = arena.used();
 
   // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches. The
-  // pixels go up as F32 (a plain copy on the host) and the reference's cast to the tower's
-  // dtype happens on the device; staged, they go in chunks so that the copy into the staging
-  // buffer of one chunk overlaps the transfer of the one before.
+  // input goes up either as RGB bytes (patchified and normalised on the device, in the tower's
+  // dtype) or as F32 pixel values, cast on the device as the reference casts pixel_values to
+  // the tower's dtype. Staged, uploads go in chunks so that the copy into the staging buffer of
+  // one chunk overlaps the transfer of the one before.
   {
-    Tensor pixels = arena.alloc(DType::kF32, {N, P});  // [N, C·T·P·P]
-    Tensor host_pixels = staged ? host.alloc(DType::kF32, {N, P}) : Tensor();
-    const int64_t chunk_rows = std::max<int64_t>(1, kStagingChunkBytes / (P * static_cast<int64_t>(sizeof(float))));
-    int64_t row = 0;
-    for (const ImageInput& img : images) {
-      const int64_t n = img.grid.num_patches();
-      if (!staged) {
-        backend_.copy_to_device(pixels.rows(row, row + n), img.pixel_values);
-      } else {
-        for (int64_t r = 0; r < n; r += chunk_rows) {
-          const int64_t e = std::min(n, r + chunk_rows);
-          Tensor h = host_pixels.rows(row + r, row + e);
-          std::memcpy(h.data, img.pixel_values + r * P, static_cast<size_t>(h.nbytes()));
-          backend_.copy_to_device_async(pixels.rows(row + r, row + e), h.data);
-        }
+    auto upload = [&](Tensor dst, Tensor host_dst, const void* src) {  // dst, host_dst: 1-D, same bytes
+      if (!staged) return backend_.copy_to_device(dst, src);
+      const int64_t chunk = std::max<int64_t>(1, kStagingChunkBytes / dtype_size(dst.dtype));
+      for (int64_t r = 0; r < dst.numel(); r += chunk) {
+        const int64_t e = std::min(dst.numel(), r + chunk);
+        Tensor h = host_dst.rows(r, e);
+        std::memcpy(h.data, static_cast<const char*>(src) + r * dtype_size(dst.dtype), static_cast<size_t>(h.nbytes()));
+        backend_.copy_to_device_async(dst.rows(r, e), h.data);
       }
-      row += n;
-    }
-    Tensor input = pixels;
-    if (act != DType::kF32) {  // the reference casts pixel_values to the tower's dtype before the Conv3d
+    };
+    Tensor input;
+    if (from_rgb) {
+      const int64_t pp3 = 3LL * vc.patch_size * vc.patch_size;  // RGB bytes per patch
+      Tensor rgb = arena.alloc(DType::kU8, {N * pp3});
+      Tensor host_rgb = staged ? host.alloc(DType::kU8, {N * pp3}) : Tensor();
       input = arena.alloc(act, {N, P});
-      backend_.convert(input, pixels);
+      int64_t row = 0;
+      for (const ImageInput& img : images) {
+        const int64_t n = img.grid.num_patches();
+        upload(rgb.rows(row * pp3, (row + n) * pp3), staged ? host_rgb.rows(row * pp3, (row + n) * pp3) : Tensor(),
+               img.rgb);
+        backend_.patchify_rgb(input.rows(row, row + n), rgb.rows(row * pp3, (row + n) * pp3), img.grid.h, img.grid.w,
+                              vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size);
+        row += n;
+      }
+    } else {
+      Tensor pixels = arena.alloc(DType::kF32, {N, P});  // [N, C·T·P·P]
+      Tensor host_pixels = staged ? host.alloc(DType::kF32, {N * P}) : Tensor();
+      int64_t row = 0;
+      for (const ImageInput& img : images) {
+        const int64_t n = img.grid.num_patches();
+        upload(pixels.rows(row, row + n).reshape({n * P}), staged ? host_pixels.rows(row * P, (row + n) * P) : Tensor(),
+               img.pixel_values);
+        row += n;
+      }
+      input = pixels;
+      if (act != DType::kF32) {  // the reference casts pixel_values to the tower's dtype before the Conv3d
+        input = arena.alloc(act, {N, P});
+        backend_.convert(input, pixels);
+      }
     }
     backend_.linear(x, input, w.patch_embed, {});
 

@@ -9,6 +9,7 @@
 
 #include "core/arena.h"
 #include "gpu/gpu_util.h"
+#include "image/image.h"
 #include "io/checkpoint.h"
 #include "io/gen_model.h"
 #include "memory/activations.h"
@@ -90,6 +91,53 @@ TEST(GpuOps, ConvertIsFloatToBf16BitForBit) {
   }
 }
 
+std::vector<uint8_t> random_bytes(int64_t n) {
+  std::uniform_int_distribution<int> d(0, 255);
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (uint8_t& x : v) x = static_cast<uint8_t>(d(rng()));
+  return v;
+}
+
+// The device patchify (RGB bytes -> normalised patches in merge order) is the host's
+// image::patchify_into bit for bit: F32 exactly, BF16 as float_to_bf16 of it. Grids and patch
+// geometries beyond Qwen3-VL's (patch 14, no temporal copy, merge 1) exercise the index math.
+TEST(GpuOps, PatchifyRgbIsTheHostPatchifyBitForBit) {
+  QVL_REQUIRE_CUDA();
+  Backend& be = *cuda();
+  struct Geometry {
+    int gh, gw, patch, merge, temporal;
+  };
+  for (const Geometry& g : {Geometry{2, 2, 16, 2, 2}, Geometry{6, 10, 16, 2, 2}, Geometry{48, 64, 16, 2, 2},
+                            Geometry{4, 6, 14, 2, 2}, Geometry{3, 5, 16, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << g.gh << "x" << g.gw << " patch " << g.patch << " merge " << g.merge
+                                    << " temporal " << g.temporal);
+    const int64_t rows = int64_t{g.gh} * g.gw, cols = 3LL * g.temporal * g.patch * g.patch;
+    const std::vector<uint8_t> rgb = random_bytes(rows * g.patch * g.patch * 3);
+    std::vector<float> want(static_cast<size_t>(rows * cols));
+    image::patchify_into(rgb.data(), g.gh * g.patch, g.gw * g.patch, g.patch, g.merge, g.temporal, want.data());
+    Scratch s;
+    Tensor in = s.alloc(be, DType::kU8, {rows * g.patch * g.patch * 3});
+    Tensor f32 = s.alloc(be, DType::kF32, {rows, cols});
+    Tensor b16 = s.alloc(be, DType::kBF16, {rows, cols});
+    be.copy_to_device(in, rgb.data());
+    be.patchify_rgb(f32, in, g.gh, g.gw, g.patch, g.merge, g.temporal);
+    be.patchify_rgb(b16, in, g.gh, g.gw, g.patch, g.merge, g.temporal);
+    std::vector<float> got(want.size());
+    std::vector<uint16_t> got16(want.size());
+    be.copy_to_host(got.data(), f32);
+    be.copy_to_host(got16.data(), b16);
+    int64_t bad = 0, bad16 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      bad += std::memcmp(&got[i], &want[i], 4) != 0;
+      bad16 += got16[i] != float_to_bf16(want[i]);
+      if (bad + bad16 > 0 && bad + bad16 <= 3 && (got16[i] != float_to_bf16(want[i]) || got[i] != want[i]))
+        ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want[i];
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(bad16, 0);
+  }
+}
+
 std::vector<float> random_pixels(int64_t n) {
   // Not BF16-representable: the cast on the device has work to do.
   std::uniform_real_distribution<float> d(-1.8f, 2.2f);
@@ -165,6 +213,35 @@ TEST(GpuModel, VisionThroughStagingIsBitIdenticalAndPlanned) {
     ASSERT_TRUE(ref.is_ok());
     EXPECT_TRUE(compare("vision encoder (staged uploads)", std::string(preset) + " 2 images",
                         download(be, plain->embeds), download(cpu(), ref->embeds), tol::kGpuModelLogits));
+
+    // RGB bytes (the server's form) on the device: the same bits as their f32 pixel values, and
+    // the arena peaks exactly where the plan's RGB patch stage says.
+    std::vector<std::vector<uint8_t>> rgb;
+    std::vector<std::vector<float>> rgb_px;
+    std::vector<ImageInput> rgb_images, rgb_px_images;
+    const VisionConfig& vc = cfg.vision;
+    for (const ImageGrid& g : grids) {
+      rgb.push_back(random_bytes(g.num_patches() * vc.patch_size * vc.patch_size * 3));
+      rgb_px.emplace_back(static_cast<size_t>(g.num_patches() * P));
+      image::patchify_into(rgb.back().data(), g.h * vc.patch_size, g.w * vc.patch_size, vc.patch_size,
+                           vc.spatial_merge_size, vc.temporal_patch_size, rgb_px.back().data());
+    }
+    for (size_t i = 0; i < grids.size(); ++i) {
+      rgb_images.push_back({nullptr, grids[i], rgb[i].data()});
+      rgb_px_images.push_back({rgb_px[i].data(), grids[i]});
+    }
+    arena2.reset();
+    auto from_px = (*gm)->encode_images(rgb_px_images, arena2, {staging.data(), staging.size()});
+    ASSERT_TRUE(from_px.is_ok()) << from_px.status().to_string();
+    const std::vector<uint8_t> px_bits = bytes_of(be, from_px->embeds);
+    DeviceBuffer a3 = be.allocate(static_cast<size_t>(terms.peak()), "arena 3").value();
+    Arena arena3(a3.data(), a3.size(), be.device(), "arena 3");
+    auto from_rgb = (*gm)->encode_images(rgb_images, arena3, {staging.data(), staging.size()});
+    ASSERT_TRUE(from_rgb.is_ok()) << from_rgb.status().to_string();
+    EXPECT_TRUE(bytes_of(be, from_rgb->embeds) == px_bits);
+    VisionActivationTerms rgb_terms = terms;
+    rgb_terms.patch_stage = terms.patch_stage_rgb;
+    EXPECT_EQ((static_cast<int64_t>(arena3.high_water()) + a - 1) / a * a, rgb_terms.peak());
     std::filesystem::remove_all(dir);
   }
 }

@@ -252,5 +252,32 @@ TEST(Preprocess, SkipsTheResizeWhenTheSizeIsAlreadyAMultiple) {
   EXPECT_EQ(p->pixel_values[0], (200.0f - 127.5f) / 127.5f);
 }
 
+// rgb_output keeps the resized bytes; patchifying them gives the pixel_values preprocess()
+// would have produced, with and without a resize.
+TEST(Preprocess, RgbOutputIsTheResizedImageThatPatchifiesToThePixelValues) {
+  RgbImage img;
+  img.height = 203;  // -> 224 x 320 (ProbeExamplesFromTheSpec): a real resize
+  img.width = 317;
+  img.pixels.resize(static_cast<size_t>(img.height) * img.width * 3);
+  for (size_t i = 0; i < img.pixels.size(); ++i) img.pixels[i] = static_cast<uint8_t>((i * 7919u) >> 3);
+  for (const bool resize : {true, false}) {
+    SCOPED_TRACE(resize ? "resized" : "already a multiple");
+    const RgbImage src = resize ? img : resize_bicubic_antialias(img, 224, 320);
+    PreprocessOptions plain, bytes;
+    bytes.rgb_output = true;
+    auto px = preprocess(src, plain);
+    auto rgb = preprocess(src, bytes);
+    ASSERT_TRUE(px.is_ok() && rgb.is_ok());
+    EXPECT_TRUE(rgb->pixel_values.empty());
+    EXPECT_EQ(rgb->grid_t, 1);
+    EXPECT_EQ(rgb->grid_h, 14);  // 224 / 16
+    EXPECT_EQ(rgb->grid_w, 20);  // 320 / 16
+    EXPECT_EQ(rgb->rgb, resize_bicubic_antialias(img, 224, 320).pixels);
+    std::vector<float> again(px->pixel_values.size());
+    patchify_into(rgb->rgb.data(), 224, 320, 16, 2, 2, again.data());
+    EXPECT_EQ(again, px->pixel_values);
+  }
+}
+
 }  // namespace
 }  // namespace qvl::image

@@ -39,8 +39,11 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   EXPECT_EQ(v.hidden, n * d * b);           // 8 MiB
   EXPECT_EQ(v.rope_table, n * 2 * dh * 4);  // f32 cos/sin
   EXPECT_EQ(v.cu_seqlens, 256);             // 2 × i32, one aligned slot
-  // Pixels as uploaded (f32), their bf16 cast, the bilinear taps and weights.
-  EXPECT_EQ(v.patch_stage, n * 1536 * 4 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  // Pixels as uploaded (f32), their bf16 cast, the bilinear taps and weights; or RGB bytes
+  // (16 x 16 x 3 per patch) and the patchified bf16: the larger, the pixels, is planned.
+  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.patch_stage, v.patch_stage_pixels);
   EXPECT_EQ(v.attention_stage, n * d * b + n * 3 * d * b + n * d * b);
   EXPECT_EQ(v.mlp_stage, n * d * b + n * f * b);
   EXPECT_EQ(v.deepstack_stage, 2 * t * 4 * d * b);
@@ -55,10 +58,13 @@ TEST(Activations, VisionOneMegapixelImage4B) {
 }
 
 TEST(Activations, VisionF32ActivationsUploadWithoutACast) {
-  // The CPU backend's activations are f32: the uploaded pixels are the Linear's input.
+  // The CPU backend's activations are f32: the uploaded pixels are the Linear's input, while
+  // RGB bytes are patchified into an f32 buffer of their own: now the RGB form is the larger.
   const int64_t n = 64;
   VisionActivationTerms v = vision_activation_terms(config_4b(), n, DType::kF32);
-  EXPECT_EQ(v.patch_stage, n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
+  EXPECT_EQ(v.patch_stage, v.patch_stage_rgb);
   EXPECT_EQ(v.upload_staging, vision_activation_terms(config_4b(), n, DType::kBF16).upload_staging);
 }
 

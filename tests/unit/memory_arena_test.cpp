@@ -6,11 +6,13 @@
 // short of the prediction. Both fail here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/arena.h"
+#include "image/image.h"
 #include "memory/activations.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -43,44 +45,84 @@ std::vector<float> random_pixels(const ModelConfig& c, const ImageGrid& g, uint3
   return px;
 }
 
-// Encodes `grids` in an arena of exactly the predicted peak; returns the high water.
+std::vector<uint8_t> random_rgb(const ModelConfig& c, const ImageGrid& g, uint32_t seed) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(g.num_patches() * c.vision.patch_size * c.vision.patch_size * 3));
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(0, 255);
+  for (uint8_t& v : rgb) v = static_cast<uint8_t>(d(gen));
+  return rgb;
+}
+
+// The plan's peak had the patch stage been only `patch_stage` (one input form).
+int64_t peak_with_patch_stage(VisionActivationTerms t, int64_t patch_stage) {
+  t.patch_stage = patch_stage;
+  return t.peak();
+}
+
+// Encodes `grids` in both input forms (RGB bytes, and the same images as f32 pixel values) in
+// arenas of exactly the predicted peak: each form peaks exactly where the plan says for that
+// form, the plan holds the larger, and the two forms give the same bits.
 void check_vision(TinyModel& m, const std::vector<ImageGrid>& grids) {
+  const VisionConfig& vc = m.config.vision;
+  std::vector<std::vector<uint8_t>> rgb;
   std::vector<std::vector<float>> px;
-  std::vector<ImageInput> images;
+  std::vector<ImageInput> rgb_images, px_images;
   int64_t patches = 0, segments = 0;
   for (const ImageGrid& g : grids) {
-    px.push_back(random_pixels(m.config, g, 7));
+    rgb.push_back(random_rgb(m.config, g, 7));
+    px.emplace_back(static_cast<size_t>(g.num_patches() * vc.patch_dim()));
+    image::patchify_into(rgb.back().data(), g.h * vc.patch_size, g.w * vc.patch_size, vc.patch_size,
+                         vc.spatial_merge_size, vc.temporal_patch_size, px.back().data());
     patches += g.num_patches();
     segments += g.t;
   }
-  for (size_t i = 0; i < grids.size(); ++i) images.push_back({px[i].data(), grids[i]});
+  for (size_t i = 0; i < grids.size(); ++i) {
+    rgb_images.push_back({nullptr, grids[i], rgb[i].data()});
+    px_images.push_back({px[i].data(), grids[i]});
+  }
   const VisionActivationTerms terms =
       vision_activation_terms(m.config, patches, m.backend->activation_dtype(), segments);
-  DeviceBuffer buffer = m.backend->allocate(static_cast<size_t>(terms.peak()), "test arena").value();
-  Arena arena(buffer.data(), buffer.size(), m.backend->device(), "vision arena");
-  Result<VisionOutput> out = m.model->encode_images(images, arena);
-  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-  EXPECT_EQ(aligned(arena.high_water()), terms.peak()) << patches << " patches in " << segments << " segments";
-  // What stays allocated for the caller is exactly the features.
-  EXPECT_EQ(aligned(arena.used()), terms.features());
+  ASSERT_EQ(terms.patch_stage, std::max(terms.patch_stage_pixels, terms.patch_stage_rgb));
+  std::vector<uint8_t> first_embeds;
+  for (const bool from_rgb : {true, false}) {
+    SCOPED_TRACE(from_rgb ? "rgb bytes" : "pixel values");
+    const std::vector<ImageInput>& images = from_rgb ? rgb_images : px_images;
+    const int64_t want_peak = peak_with_patch_stage(terms, from_rgb ? terms.patch_stage_rgb : terms.patch_stage_pixels);
+    DeviceBuffer buffer = m.backend->allocate(static_cast<size_t>(terms.peak()), "test arena").value();
+    Arena arena(buffer.data(), buffer.size(), m.backend->device(), "vision arena");
+    Result<VisionOutput> out = m.model->encode_images(images, arena);
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_EQ(aligned(arena.high_water()), want_peak) << patches << " patches in " << segments << " segments";
+    // What stays allocated for the caller is exactly the features.
+    EXPECT_EQ(aligned(arena.used()), terms.features());
+    // Both forms: the same bits.
+    const auto* e = static_cast<const uint8_t*>(out->embeds.data);
+    if (from_rgb)
+      first_embeds.assign(e, e + out->embeds.nbytes());
+    else
+      EXPECT_TRUE(std::equal(first_embeds.begin(), first_embeds.end(), e)) << "rgb and pixel forms differ";
 
-  // Through an upload staging buffer of exactly the predicted size: the same arena peak and the
-  // same outputs bit for bit (only the way the bytes travel differs).
-  DeviceBuffer staging = m.backend->allocate_host(static_cast<size_t>(terms.upload_staging), "staging").value();
-  DeviceBuffer buffer2 = m.backend->allocate(static_cast<size_t>(terms.peak()), "test arena 2").value();
-  Arena arena2(buffer2.data(), buffer2.size(), m.backend->device(), "vision arena 2");
-  Result<VisionOutput> staged = m.model->encode_images(images, arena2, {staging.data(), staging.size()});
-  ASSERT_TRUE(staged.is_ok()) << staged.status().to_string();
-  EXPECT_EQ(aligned(arena2.high_water()), terms.peak());
-  ASSERT_EQ(staged->embeds.nbytes(), out->embeds.nbytes());
-  EXPECT_EQ(std::memcmp(staged->embeds.data, out->embeds.data, out->embeds.nbytes()), 0);
-  ASSERT_EQ(staged->deepstack.size(), out->deepstack.size());
-  for (size_t j = 0; j < out->deepstack.size(); ++j)
-    EXPECT_EQ(std::memcmp(staged->deepstack[j].data, out->deepstack[j].data, out->deepstack[j].nbytes()), 0) << j;
-  // One allocation slot less does not hold the uploads: the prediction is the need, rounded.
-  arena2.reset();
-  EXPECT_THROW((void)m.model->encode_images(images, arena2, {staging.data(), staging.size() - Arena::kAlignment}),
-               CheckFailure);
+    // Through an upload staging buffer of exactly the predicted size: the same arena peak and the
+    // same outputs bit for bit (only the way the bytes travel differs).
+    DeviceBuffer staging = m.backend->allocate_host(static_cast<size_t>(terms.upload_staging), "staging").value();
+    DeviceBuffer buffer2 = m.backend->allocate(static_cast<size_t>(terms.peak()), "test arena 2").value();
+    Arena arena2(buffer2.data(), buffer2.size(), m.backend->device(), "vision arena 2");
+    Result<VisionOutput> staged = m.model->encode_images(images, arena2, {staging.data(), staging.size()});
+    ASSERT_TRUE(staged.is_ok()) << staged.status().to_string();
+    EXPECT_EQ(aligned(arena2.high_water()), want_peak);
+    ASSERT_EQ(staged->embeds.nbytes(), out->embeds.nbytes());
+    EXPECT_EQ(std::memcmp(staged->embeds.data, out->embeds.data, out->embeds.nbytes()), 0);
+    ASSERT_EQ(staged->deepstack.size(), out->deepstack.size());
+    for (size_t j = 0; j < out->deepstack.size(); ++j)
+      EXPECT_EQ(std::memcmp(staged->deepstack[j].data, out->deepstack[j].data, out->deepstack[j].nbytes()), 0) << j;
+    // One allocation slot less does not hold the pixel values (the larger upload): the
+    // prediction is the need, rounded.
+    if (!from_rgb) {
+      arena2.reset();
+      EXPECT_THROW((void)m.model->encode_images(images, arena2, {staging.data(), staging.size() - Arena::kAlignment}),
+                   CheckFailure);
+    }
+  }
 }
 
 TEST(ArenaMatchesTheForward, VisionEncoder) {
@@ -89,6 +131,34 @@ TEST(ArenaMatchesTheForward, VisionEncoder) {
     TinyModel m(preset);
     check_vision(m, {{1, 4, 6}});
     check_vision(m, {{1, 8, 8}, {1, 4, 4}});  // two segments
+  }
+}
+
+// Each image comes in exactly one form, and one call does not mix them: a clear error, not a
+// guess.
+TEST(EncodeImages, RefusesAmbiguousInputForms) {
+  TinyModel m("tiny");
+  const ImageGrid g{1, 4, 4};
+  std::vector<uint8_t> rgb = random_rgb(m.config, g, 1);
+  std::vector<float> px = random_pixels(m.config, g, 1);
+  const VisionActivationTerms terms = vision_activation_terms(m.config, 2 * g.num_patches(), DType::kF32, 2);
+  DeviceBuffer buffer = m.backend->allocate(static_cast<size_t>(terms.peak()), "arena").value();
+  struct Case {
+    std::vector<ImageInput> images;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{{px.data(), g, rgb.data()}}, "not both"},
+      {{{nullptr, g, nullptr}}, "not neither"},
+      {{{px.data(), g}, {nullptr, g, rgb.data()}}, "all be pixel values or all RGB bytes"},
+      {{{nullptr, ImageGrid{2, 4, 4}, rgb.data()}}, "RGB bytes need grid t = 1"},
+  };
+  for (const Case& c : cases) {
+    Arena arena(buffer.data(), buffer.size(), m.backend->device(), "arena");
+    Result<VisionOutput> out = m.model->encode_images(c.images, arena);
+    ASSERT_FALSE(out.is_ok()) << c.says;
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(out.status().message().find(c.says), std::string::npos) << out.status().to_string();
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "image/image.h"
 
 namespace qvl {
 namespace cpu {
@@ -103,6 +104,22 @@ class CpuBackend final : public Backend {
     } else {
       QVL_CHECK(false) << "convert " << x.describe() << " -> " << out.describe() << ": F32 <-> BF16 only";
     }
+  }
+
+  void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge,
+                    int temporal) override {
+    const int64_t rows = int64_t{grid_h} * grid_w, cols = 3LL * temporal * patch * patch;
+    QVL_CHECK(rgb.dtype == DType::kU8 && rgb.numel() == rows * patch * patch * 3)
+        << "patchify_rgb: " << rgb.describe() << " for a " << grid_h << "x" << grid_w << " grid of patch " << patch;
+    QVL_CHECK(out.ndim == 2 && out.dim(0) == rows && out.dim(1) == cols) << "patchify_rgb into " << out.describe();
+    if (out.dtype == DType::kF32) {
+      image::patchify_into(rgb.as<const uint8_t>(), grid_h * patch, grid_w * patch, patch, merge, temporal,
+                           out.as<float>());
+      return;
+    }
+    std::vector<float> f32(static_cast<size_t>(rows * cols));
+    image::patchify_into(rgb.as<const uint8_t>(), grid_h * patch, grid_w * patch, patch, merge, temporal, f32.data());
+    convert(out, Tensor(f32.data(), DType::kF32, {rows, cols}, Device::kCpu));
   }
 
   // ---- weights ----

@@ -258,6 +258,12 @@ class CudaBackend final : public Backend {
     if (ctx_.profiler) note("convert " + x.shape_string(), static_cast<double>(x.nbytes() + out.nbytes()));
     cuda::launch_convert(ctx_, out, x);
   }
+  void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge,
+                    int temporal) override {
+    flush();
+    if (ctx_.profiler) note("patchify_rgb " + out.shape_string(), static_cast<double>(rgb.nbytes() + out.nbytes()));
+    cuda::launch_patchify_rgb(ctx_, out, rgb, grid_h, grid_w, patch, merge, temporal);
+  }
   void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override {
     flush();
     if (ctx_.profiler) note("add_interpolated " + x.shape_string(), 2.0 * x.nbytes());
@@ -506,14 +512,15 @@ class CudaBackend final : public Backend {
     const int L = trace_layers_, G = ctx_.num_sms, S = cuda::kDecodeStackStamps;
     trace_layers_ = 0;
     std::vector<long long> t(static_cast<size_t>(L) * G * S);
-    const cudaError_t err = cudaMemcpy(t.data(), stack_trace_.data(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+    const cudaError_t err =
+        cudaMemcpy(t.data(), stack_trace_.data(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost);
     QVL_CHECK(err == cudaSuccess) << "decode stack trace: " << cudaGetErrorString(err);
     int clock_khz = 0;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, info_.ordinal);
     const double us_per_tick = clock_khz > 0 ? 1e3 / clock_khz : 0.0;
-    static const char* names[] = {"qkv wait+input", "qkv rows",         "(none)",           "attention (wait+work)",
-                                  "o wait+input",   "o rows",           "gate_up wait+input", "gate_up rows",
-                                  "down wait+input", "down rows"};
+    static const char* names[] = {
+        "qkv wait+input", "qkv rows",           "(none)",       "attention (wait+work)", "o wait+input",
+        "o rows",         "gate_up wait+input", "gate_up rows", "down wait+input",       "down rows"};
     for (int ph = 0; ph + 1 < S; ++ph) {
       if (ph == 2) continue;
       double mean = 0, worst = 0;
@@ -536,7 +543,6 @@ class CudaBackend final : public Backend {
   }
 
  public:
-
  private:
   // Names the op whose launches follow (profiling only; callers test ctx_.profiler first so
   // that no label is built otherwise).

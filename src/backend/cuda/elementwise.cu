@@ -3,6 +3,8 @@
 // simple: 16-byte vectors where rows allow it, scalar loops otherwise. Rounding follows the
 // reference (transformers on BF16 tensors): each PyTorch op computes in fp32 and rounds its
 // output to BF16 once, so a fused kernel rounds where the reference's op boundaries were.
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace qvl::cuda {
@@ -365,6 +367,55 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
   launch(ctx, "dequant_fp8", dequant_fp8_kernel, dim3(grid_for((r1 - r0) * cols, 256, ctx.num_sms)), dim3(256), 0,
          static_cast<bf16*>(dst_bf16), w8.as<uint8_t>(), scale.as<float>(), r0, r1 - r0, cols,
          static_cast<int>(scale.dim(1)), rows_per_scale, block);
+}
+
+// ---------------------------------------------------------------- patchify RGB8
+// One thread per output element (writes coalesce; the image is small and read through L1/L2).
+// The value is image/preprocess.cpp's normalize_table entry: an exact subtraction, then a
+// correctly rounded division (explicit _rn intrinsics: nothing may contract or approximate).
+template <typename T>
+__global__ void patchify_rgb_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int64_t n) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int pp = p * p, cols = 3 * tps * pp, blocks_w = grid_w / m;
+  const int64_t row_stride = static_cast<int64_t>(grid_w) * p * 3;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t row = i / cols;
+    const int col = static_cast<int>(i - row * cols);
+    const int c = col / (tps * pp), in_plane = col % pp;  // the temporal copy (col / pp % tps) is the same
+    const int py = in_plane / p, px = in_plane % p;
+    const int wi = static_cast<int>(row % m), hi = static_cast<int>(row / m % m);
+    const int64_t block = row / (m * m);
+    const int wb = static_cast<int>(block % blocks_w), hb = static_cast<int>(block / blocks_w);
+    const int64_t y = static_cast<int64_t>(hb * m + hi) * p + py, x = static_cast<int64_t>(wb * m + wi) * p + px;
+    const float v = __fdiv_rn(__fsub_rn(static_cast<float>(rgb[y * row_stride + x * 3 + c]), 127.5f), 127.5f);
+    if constexpr (std::is_same_v<T, float>)
+      out[i] = v;
+    else
+      out[i] = f32_to_bf16_bits(v);
+  }
+}
+
+void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch,
+                         int merge, int temporal) {
+  const int64_t rows = int64_t{grid_h} * grid_w, cols = 3LL * temporal * patch * patch;
+  QVL_CHECK(out.device == Device::kCuda && rgb.device == Device::kCuda) << rgb.describe() << " -> " << out.describe();
+  QVL_CHECK(patch > 0 && merge > 0 && temporal > 0 && grid_h % merge == 0 && grid_w % merge == 0)
+      << "patchify_rgb: grid " << grid_h << "x" << grid_w << ", patch " << patch << ", merge " << merge;
+  QVL_CHECK(rgb.dtype == DType::kU8 && rgb.numel() == rows * patch * patch * 3)
+      << "patchify_rgb: " << rgb.describe() << " for a " << grid_h << "x" << grid_w << " grid of patch " << patch;
+  QVL_CHECK(out.ndim == 2 && out.dim(0) == rows && out.dim(1) == cols) << "patchify_rgb into " << out.describe();
+  const int64_t n = rows * cols;
+  const dim3 grid(grid_for(n, 256, ctx.num_sms));
+  if (out.dtype == DType::kBF16)
+    launch(ctx, "patchify_rgb", patchify_rgb_kernel<uint16_t>, grid, dim3(256), 0, out.as<uint16_t>(),
+           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, n);
+  else if (out.dtype == DType::kF32)
+    launch(ctx, "patchify_rgb", patchify_rgb_kernel<float>, grid, dim3(256), 0, out.as<float>(),
+           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, n);
+  else
+    QVL_CHECK(false) << "patchify_rgb into " << out.describe() << ": F32 or BF16 only";
 }
 
 void launch_convert(const LaunchContext& ctx, Tensor out, const Tensor& x) {

@@ -98,6 +98,8 @@ void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope
 void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const Tensor& residual);
 // out = x in out's dtype (F32 -> BF16 rounding like core/dtype.h float_to_bf16, or BF16 -> F32).
 void launch_convert(const LaunchContext& ctx, Tensor out, const Tensor& x);
+void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch,
+                         int merge, int temporal);
 // dst rows [0, r1 - r0) = bf16(float(w8[r0 + i, k]) * scale[(r0 + i) / rows_per_scale, k / block]).
 void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& w8, const Tensor& scale,
                         int rows_per_scale, int block, int64_t r0, int64_t r1);
