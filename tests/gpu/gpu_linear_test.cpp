@@ -4,7 +4,9 @@
 // residual, residual aliasing the output), and shapes with N not a multiple of 16, K not a
 // multiple of 128 and K not a multiple of 8 (no skinny kernel: cuBLASLt at low alignment).
 #include <cmath>
+#include <cstring>
 
+#include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_util.h"
 
 namespace qvl::test::gpu {
@@ -71,7 +73,97 @@ std::string describe(const Case& c) {
   return s;
 }
 
-void run_case(const Case& c) {
+// ---- the W8A8 path's reference (sm_90: fp8_quant.cu + block-scaled cuBLASLt) ----
+
+// Host twin of fp8_quant.cu: per row and 128 columns, s = amax / 448 (IEEE fp32 division) and
+// q = e4m3(x / max(s, 1e-12)) rounded to nearest even and saturated (core/dtype.h).
+struct HostQuant {
+  int64_t groups = 0;
+  std::vector<uint8_t> q;    // [n, K]
+  std::vector<float> scale;  // [groups, n]: row r, group g at g * n + r
+};
+HostQuant host_quantize(const std::vector<float>& x, int64_t n, int64_t K) {
+  HostQuant h;
+  h.groups = (K + 127) / 128;
+  h.q.resize(static_cast<size_t>(n * K));
+  h.scale.resize(static_cast<size_t>(h.groups * n));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < h.groups; ++g) {
+      const int64_t c0 = g * 128, c1 = std::min(K, c0 + 128);
+      float amax = 0.0f;
+      for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x[r * K + c]));
+      const float s = amax / 448.0f;
+      const float d = std::fmax(s, 1e-12f);
+      h.scale[g * n + r] = s;
+      for (int64_t c = c0; c < c1; ++c) h.q[r * K + c] = fp8_e4m3_from_float(x[r * K + c] / d);
+    }
+  }
+  return h;
+}
+
+// Rows of the W8A8 reference: the first and last 16 (the tail call's rows and the ones before
+// them), every 61st, and 840..871 (the chunk boundary of the 1700-row case).
+std::vector<int64_t> reference_rows(int64_t n) {
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < n; ++r)
+    if (r < 16 || r >= n - 16 || r % 61 == 0 || (r >= 840 && r < 872)) rows.push_back(r);
+  return rows;
+}
+
+// out[r, j] for `rows`: Σ_g s_x[r, g] · s_w[j / 128, g] · Σ_{k∈g} q[r, k] · w8[j, k] in double
+// (each group's sum is exact), + bias, then the CUDA epilogue's roundings where an activation
+// follows (the Linear's output is rounded to BF16 first), + residual.
+std::vector<float> w8a8_reference(const Case& c, const std::vector<HostPart>& parts, const std::vector<float>& x,
+                                  const std::vector<float>& bias, const std::vector<float>& res,
+                                  const std::vector<int64_t>& rows) {
+  const int64_t K = c.K, cb = (K + 127) / 128;
+  int64_t N = 0;
+  for (const HostPart& p : parts) N += p.rows;
+  const HostQuant hq = host_quantize(x, c.n, K);
+  std::vector<float> out;
+  out.reserve(rows.size() * static_cast<size_t>(N));
+  std::vector<float> xq(static_cast<size_t>(K));
+  for (int64_t r : rows) {
+    for (int64_t k = 0; k < K; ++k) xq[k] = fp8_e4m3_to_float(hq.q[r * K + k]);
+    int64_t j0 = 0;
+    for (const HostPart& p : parts) {
+      for (int64_t jl = 0; jl < p.rows; ++jl) {
+        const uint8_t* w8 = &p.fp8[jl * K];
+        double acc = 0.0;
+        for (int64_t g = 0; g < cb; ++g) {
+          double part = 0.0;
+          for (int64_t k = g * 128; k < std::min(K, g * 128 + 128); ++k)
+            part += static_cast<double>(xq[k]) * fp8_e4m3_to_float(w8[k]);
+          acc += part * hq.scale[g * c.n + r] * p.scale[(jl / 128) * cb + g];
+        }
+        const int64_t j = j0 + jl;
+        if (!bias.empty()) acc += bias[j];
+        if (c.act != Activation::kNone) {
+          const double z = round_to_bf16(static_cast<float>(acc));
+          const double a = c.act == Activation::kGeluTanh
+                               ? 0.5 * z * (1.0 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+                               : 0.5 * z * (1.0 + std::erf(z * 0.7071067811865476));
+          acc = round_to_bf16(static_cast<float>(a));
+        }
+        if (!res.empty()) acc += res[r * N + j];
+        out.push_back(static_cast<float>(acc));
+      }
+      j0 += p.rows;
+    }
+  }
+  return out;
+}
+
+// Which path an FP8 Linear over more than kSkinnyFp8MaxRows rows must take.
+enum class Expect { kAny, kW8A8OnSm90, kDequant };
+
+bool is_sm90() {
+  return cuda_device_info(0).value().compute_capability / 10 == 9;
+}
+
+// Runs one Linear on `gpu` and checks it: against the host W8A8 reference when the backend took
+// the W8A8 path, else against the CPU backend (FP8: transformers' dequantised weights).
+void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAny) {
   Scratch s;
   const int64_t K = c.K;
   std::vector<HostPart> host;
@@ -91,29 +183,67 @@ void run_case(const Case& c) {
     }
     parts.push_back(lp);
   }
+  std::vector<float> bias;
   std::vector<uint16_t> bias_bits;
   Tensor host_bias;
   if (c.bias) {
-    bias_bits = to_bf16_bits(random_values(N, 0.5f));
+    bias = random_values(N, 0.5f);
+    bias_bits = to_bf16_bits(bias);
     host_bias = Tensor(bias_bits.data(), DType::kBF16, {N});
   }
-  auto wc = cpu().load_linear(parts, host_bias, 128);
-  auto wg = cuda()->load_linear(parts, host_bias, 128);
-  ASSERT_TRUE(wc.is_ok()) << wc.status().to_string();
+  auto wg = gpu.load_linear(parts, host_bias, 128);
   ASSERT_TRUE(wg.is_ok()) << wg.status().to_string();
   ASSERT_EQ(wg->out_features, N);
 
-  Pair x = activation(s, {c.n, K}, random_values(c.n * K));
-  Pair out = activation(s, {c.n, N}, std::vector<float>(static_cast<size_t>(c.n * N), 99.0f));
-  Pair res;
-  if (c.residual == 1) res = activation(s, {c.n, N}, random_values(c.n * N));
-  if (c.residual == 2) {
-    out = activation(s, {c.n, N}, random_values(c.n * N));
-    res = out;
+  // Rows and 128-column groups of different magnitudes, so that a scale applied to the wrong row
+  // or group shows.
+  std::vector<float> xv = random_values(c.n * K);
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t k = 0; k < K; ++k)
+      xv[r * K + k] = round_to_bf16(xv[r * K + k] *
+                                    std::ldexp(1.0f + static_cast<float>((k / 128) % 3), static_cast<int>(r % 3) - 1));
+  std::vector<float> res, out0(static_cast<size_t>(c.n * N), 99.0f);
+  if (c.residual == 1) res = random_values(c.n * N);
+  if (c.residual == 2) res = out0 = random_values(c.n * N);
+  Pair x{s.alloc(cpu(), DType::kF32, {c.n, K}), s.alloc(gpu, DType::kBF16, {c.n, K})};
+  Pair out{s.alloc(cpu(), DType::kF32, {c.n, N}), s.alloc(gpu, DType::kBF16, {c.n, N})};
+  Pair rp;
+  if (c.residual == 1) rp = {s.alloc(cpu(), DType::kF32, {c.n, N}), s.alloc(gpu, DType::kBF16, {c.n, N})};
+  if (c.residual == 2) rp = out;
+  auto upload = [&](const Pair& p, const std::vector<float>& v) {
+    cpu().copy_to_device(p.c, v.data());
+    const std::vector<uint16_t> b = to_bf16_bits(v);
+    gpu.copy_to_device(p.g, b.data());
+  };
+  upload(x, xv);
+  upload(out, out0);
+  if (c.residual == 1) upload(rp, res);
+
+  const bool counted = c.fp8 && c.n > kSkinnyFp8MaxRows;
+  const CudaFp8GemmCounts before = cuda_fp8_gemm_counts(gpu);
+  gpu.linear(out.g, x.g, *wg, {c.act, rp.g});
+  const CudaFp8GemmCounts after = cuda_fp8_gemm_counts(gpu);
+  const bool w8a8 = after.w8a8 > before.w8a8;
+  EXPECT_EQ(after.w8a8 + after.dequant - before.w8a8 - before.dequant, counted ? 1 : 0) << describe(c);
+  if (expect == Expect::kW8A8OnSm90)
+    EXPECT_EQ(w8a8, is_sm90()) << describe(c) << ": W8A8 on sm_90 (cuBLASLt refused it?), dequantised elsewhere";
+  if (expect == Expect::kDequant) EXPECT_FALSE(w8a8) << describe(c);
+
+  const std::string op = std::string("linear ") + (!c.fp8 ? "bf16" : w8a8 ? "fp8 w8a8" : "fp8");
+  if (w8a8) {
+    const std::vector<int64_t> rows = reference_rows(c.n);
+    const std::vector<float> all = download(gpu, out.g);
+    std::vector<float> got;
+    got.reserve(rows.size() * static_cast<size_t>(N));
+    for (int64_t r : rows) got.insert(got.end(), all.begin() + r * N, all.begin() + (r + 1) * N);
+    EXPECT_TRUE(compare(op, describe(c) + " (" + std::to_string(rows.size()) + " rows)", got,
+                        w8a8_reference(c, host, xv, bias, res, rows), tol::kGpuFp8W8A8));
+    return;
   }
-  cpu().linear(out.c, x.c, *wc, {c.act, res.c});
-  cuda()->linear(out.g, x.g, *wg, {c.act, res.g});
-  EXPECT_TRUE(compare_pair(std::string("linear ") + (c.fp8 ? "fp8" : "bf16"), describe(c), out, tol::kGpuLinear));
+  auto wc = cpu().load_linear(parts, host_bias, 128);
+  ASSERT_TRUE(wc.is_ok()) << wc.status().to_string();
+  cpu().linear(out.c, x.c, *wc, {c.act, rp.c});
+  EXPECT_TRUE(compare(op, describe(c), download(gpu, out.g), download(cpu(), out.c), tol::kGpuLinear));
 }
 
 TEST(GpuOps, LinearBf16) {
@@ -152,6 +282,128 @@ TEST(GpuOps, LinearFp8) {
       {300, 1024, {4100}, true, true, none, 1},             // dequant in several chunks
   };
   for (const Case& c : cases) run_case(c);
+}
+
+// FP8 Linears over more than 128 rows on sm_90: the W8A8 path (quantised activations,
+// block-scaled cuBLASLt) against the host doing the same quantisation and exact dot products.
+// Row counts 1..5 past the skinny passes and 802 (a 4B prefill) leave 1..7 rows to the tail
+// call; 1700 rows of K = 9728 take two chunks of the 16 MiB activation workspace. Elsewhere these
+// shapes take the dequantised path and are checked against the CPU oracle.
+TEST(GpuOps, LinearFp8W8A8) {
+  QVL_REQUIRE_CUDA();
+  const auto none = Activation::kNone;
+  std::vector<Case> cases = {
+      {129, 2560, {2560}, true, false, none, 2},              // o_proj-like, residual in place
+      {130, 2048, {6144, 6144}, true, false, none, 0},        // 2B gate|up
+      {131, 2560, {4096, 1024, 1024}, true, false, none, 1},  // 4B q|k|v, separate residual
+      {132, 9728, {2560}, true, false, none, 2},              // 4B down_proj
+      {133, 2048, {2048}, true, true, none, 1},               // + bias
+      {136, 1008, {1000}, true, true, none, 2},               // K and N off the 128 grid (ceil(K/128) = 8)
+      {802, 2560, {9728, 9728}, true, false, none, 0},        // 4B gate|up, N = 19456
+      {802, 2048, {2048}, true, false, none, 2},
+      {1700, 9728, {512}, true, false, none, 2},  // two chunks; the second ends in 4 tail rows
+      {200, 512, {640}, true, true, Activation::kGeluTanh, 0},
+  };
+  for (const Case& c : cases) run_case(c, *cuda(), Expect::kW8A8OnSm90);
+}
+
+// Shapes the W8A8 path leaves to the dequantised one on every architecture.
+TEST(GpuOps, LinearFp8DequantFallbacks) {
+  QVL_REQUIRE_CUDA();
+  const auto none = Activation::kNone;
+  std::vector<Case> cases = {
+      {140, 1152, {256}, true, false, none, 1},       // ceil(K/128) = 9: the scales' K stride is not a multiple of 4
+      {150, 2560, {200, 184}, true, false, none, 2},  // parts off the 128 grid: per-row scales
+      {160, 1000, {136}, true, true, none, 0},        // K % 16 != 0
+      {300, 1024, {4100}, true, false, none, 0},      // N % 8 != 0
+  };
+  for (const Case& c : cases) run_case(c, *cuda(), Expect::kDequant);
+}
+
+// CudaFp8Gemm::kDequant keeps transformers' dequantised numerics on sm_90 too.
+TEST(GpuOps, LinearFp8DequantOption) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  o.fp8_gemm = CudaFp8Gemm::kDequant;
+  auto be = make_cuda_backend(o);
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  run_case({130, 2560, {2560}, true, false, Activation::kNone, 2}, **be, Expect::kDequant);
+}
+
+// A fresh backend holds exactly the workspaces the memory planner counts for this device: the
+// W8A8 activation workspace on sm_90 only.
+TEST(GpuOps, BackendWorkspacesAreThePlannedOnes) {
+  QVL_REQUIRE_CUDA();
+  const CudaBackendOptions o;
+  auto be = make_cuda_backend(o);
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  const int cc = cuda_device_info(0).value().compute_capability;
+  EXPECT_EQ(cuda_memory_stats(**be).allocated_bytes, cuda_backend_workspace_bytes(o, cc));
+  EXPECT_EQ(cuda_fp8_act_workspace_bytes(o, cc), cc / 10 == 9 ? o.fp8_act_workspace_bytes : 0u);
+}
+
+// The quantisation kernel writes the bytes and scales of the host quantisation, bit for bit:
+// rows and groups of magnitudes 2^-120 (scales below fp32's normal range: the 1e-12 floor) to
+// 2^100, all-zero groups, negative zeros, K off the 128 grid and below one group, the tail
+// scales of the last 8 rows.
+TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
+  QVL_REQUIRE_CUDA();
+  struct QCase {
+    int64_t n, K, main_rows;
+    bool tail;
+  };
+  const float factors[] = {1.0f, 0x1p-20f, 0x1p20f, 0x1p-100f, 0x1p100f, 0.0f, 0x1p-120f, 3.0f, -0.0f};
+  for (const QCase& c : {QCase{8, 128, 8, false}, QCase{13, 2560, 8, true}, QCase{300, 1008, 296, true},
+                         QCase{16, 2048, 16, false}, QCase{9, 48, 8, true}, QCase{133, 9728, 128, true}}) {
+    Scratch s;
+    const int64_t groups = (c.K + 127) / 128;
+    std::vector<float> x = random_values(c.n * c.K);
+    for (int64_t r = 0; r < c.n; ++r)
+      for (int64_t k = 0; k < c.K; ++k) {
+        float& v = x[r * c.K + k];
+        const float f = factors[(r * 7 + (k / 128) * 3) % 9];
+        v = f == 0.0f ? f : round_to_bf16(v * f);  // +0 or -0 for the whole group
+        if (k % 37 == 5) v = -0.0f;
+      }
+    const std::vector<uint16_t> bits = to_bf16_bits(x);
+    Tensor xg = s.alloc(*cuda(), DType::kBF16, {c.n, c.K});
+    Tensor q = s.alloc(*cuda(), DType::kF8E4M3, {c.n, c.K});
+    Tensor sc = s.alloc(*cuda(), DType::kF32, {groups, c.main_rows});
+    Tensor tail = c.tail ? s.alloc(*cuda(), DType::kF32, {groups, 8}) : Tensor();
+    cuda()->copy_to_device(xg, bits.data());
+    // Poison what the kernel must overwrite.
+    const std::vector<uint8_t> q0(static_cast<size_t>(c.n * c.K), 0x55);
+    const std::vector<float> s0(static_cast<size_t>(groups * std::max<int64_t>(c.main_rows, 8)), -7.0f);
+    cuda()->copy_to_device(q, q0.data());
+    cuda()->copy_to_device(sc, s0.data());
+    if (c.tail) cuda()->copy_to_device(tail, s0.data());
+    cuda_quantize_fp8_rows(*cuda(), q, sc, tail, xg);
+
+    const HostQuant h = host_quantize(x, c.n, c.K);
+    std::vector<uint8_t> gq(q0.size());
+    std::vector<float> gs(static_cast<size_t>(groups * c.main_rows)), gt(static_cast<size_t>(groups * 8));
+    cuda()->copy_to_host(gq.data(), q);
+    cuda()->copy_to_host(gs.data(), sc);
+    if (c.tail) cuda()->copy_to_host(gt.data(), tail);
+    const std::string shape = "n" + std::to_string(c.n) + " K" + std::to_string(c.K);
+    int64_t bad = 0;
+    for (size_t i = 0; i < gq.size(); ++i)
+      if (gq[i] != h.q[i] && bad++ == 0)
+        ADD_FAILURE() << shape << ": q[" << i / c.K << ", " << i % c.K << "] = 0x" << std::hex << int{gq[i]}
+                      << ", host 0x" << int{h.q[i]} << std::dec << " (x = " << x[i] << ")";
+    auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t r = 0; r < c.main_rows; ++r)
+        if (!same(gs[g * c.main_rows + r], h.scale[g * c.n + r]) && bad++ == 0)
+          ADD_FAILURE() << shape << ": scale[row " << r << ", group " << g << "] = " << gs[g * c.main_rows + r]
+                        << ", host " << h.scale[g * c.n + r];
+      for (int64_t i = 0; c.tail && i < 8; ++i)
+        if (!same(gt[g * 8 + i], h.scale[g * c.n + c.n - 8 + i]) && bad++ == 0)
+          ADD_FAILURE() << shape << ": tail scale[row " << c.n - 8 + i << ", group " << g << "] = " << gt[g * 8 + i]
+                        << ", host " << h.scale[g * c.n + c.n - 8 + i];
+    }
+    EXPECT_EQ(bad, 0) << shape << ": bytes or scales differ from the host quantisation";
+  }
 }
 
 // The CUDA backend computes an RMSNorm or SiLU·mul over <= 8 rows inside the Linear that reads

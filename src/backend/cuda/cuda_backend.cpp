@@ -76,6 +76,9 @@ class CudaBackend final : public Backend {
     ctx_.skinny = {options_.skinny_variant, options_.skinny_depth, options_.skinny_split};
     QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
     QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
+    if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {
+      QVL_ASSIGN_OR_RETURN(fp8_act_ws_, allocate(bytes, "FP8 activation workspace"));
+    }
     QVL_ASSIGN_OR_RETURN(decode_scratch_, allocate(cuda_decode_scratch_bytes(options_), "decode attention scratch"));
     // The argmax keys and counters and the arrival counters at the end of the scratch start at
     // zero (and the kernels leave them so).
@@ -89,6 +92,20 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
   std::string name() const override { return "cuda:" + std::to_string(info_.ordinal) + " (" + info_.name + ")"; }
   DType activation_dtype() const override { return DType::kBF16; }
+
+  CudaFp8GemmCounts fp8_gemm_counts() const { return fp8_counts_; }
+  void quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x) {
+    flush();
+    QVL_CHECK(q.dtype == DType::kF8E4M3 && q.same_shape(x)) << "q " << q.describe() << " for x " << x.describe();
+    const int64_t groups = (x.row_numel() + cuda::kFp8ActGroup - 1) / cuda::kFp8ActGroup;
+    QVL_CHECK(scales.dtype == DType::kF32 && scales.ndim == 2 && scales.dim(0) == groups)
+        << "scales " << scales.describe() << " for x " << x.describe();
+    QVL_CHECK(tail_scales.empty() ||
+              (tail_scales.dtype == DType::kF32 && tail_scales.numel() == groups * cuda::kFp8GemmRowMultiple))
+        << "tail scales " << tail_scales.describe() << " for x " << x.describe();
+    cuda::launch_quantize_fp8_rows(ctx_, q.data, scales.as<float>(), scales.dim(1),
+                                   tail_scales.empty() ? nullptr : tail_scales.as<float>(), x);
+  }
 
   CudaMemoryStats memory_stats() const {
     CudaMemoryStats s;
@@ -570,7 +587,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<AllocationStats> stats_;
   cudaStream_t stream_ = nullptr;
   LaunchContext ctx_;
-  DeviceBuffer gemm_ws_, dequant_ws_, decode_scratch_;
+  DeviceBuffer gemm_ws_, dequant_ws_, fp8_act_ws_, decode_scratch_;
+  CudaFp8GemmCounts fp8_counts_;
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::vector<DeviceBuffer> weights_;
   std::map<std::string, cudaGraphExec_t> graphs_;
@@ -739,7 +757,11 @@ void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w
   if (!w.is_fp8()) {
     cuda::ProfileRange range(ctx_, "cublasLt bf16 gemm");
     gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, gemm_res);
+  } else if (options_.fp8_gemm == CudaFp8Gemm::kW8A8 &&
+             cuda::w8a8_linear(ctx_, *gemm_, fp8_act_ws_.data(), fp8_act_ws_.size(), out, x, w, bias, gemm_res)) {
+    ++fp8_counts_.w8a8;
   } else {
+    ++fp8_counts_.dequant;
     const Tensor& scale = w.parts[0].scale_inv;
     const int bs = w.block_size;
     const int rows_per_scale = scale.dim(0) == (m + bs - 1) / bs ? bs : 1;
@@ -819,6 +841,18 @@ std::vector<CudaKernelTime> cuda_profile_stop(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   QVL_CHECK(cuda != nullptr) << "cuda_profile_stop on a " << backend.name() << " backend";
   return cuda->profile_stop();
+}
+
+CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  QVL_CHECK(cuda != nullptr) << "cuda_fp8_gemm_counts of a " << backend.name() << " backend";
+  return cuda->fp8_gemm_counts();
+}
+
+void cuda_quantize_fp8_rows(Backend& backend, Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  QVL_CHECK(cuda != nullptr) << "cuda_quantize_fp8_rows on a " << backend.name() << " backend";
+  cuda->quantize_fp8_rows(q, scales, tail_scales, x);
 }
 
 CudaMemoryStats cuda_memory_stats(const Backend& backend) {

@@ -8,11 +8,15 @@
 //   converted to BF16 in registers and the block scale applied to each 128-wide K partial in
 //   fp32 (W8A16, no activation quantisation);
 // - more rows, BF16: cuBLASLt (fp32 compute), bias fused;
-// - more rows, FP8: chunks of output rows are dequantised to BF16 exactly as transformers'
-//   FineGrainedFP8Config(dequantize=True) does (bf16(float(w8) * scale)) into the dequant
-//   workspace and multiplied by cuBLASLt; FP8 rows up to kSkinnyFp8MaxRows use the skinny
-//   kernels in passes of kSkinnyMaxRows instead (re-reading 1 byte per weight per pass beats
-//   writing and re-reading 2 bytes of BF16).
+// - more rows, FP8, CudaFp8Gemm::kW8A8 (the default) where cuBLASLt has block-scaled FP8
+//   (sm_90): W8A8 as transformers' native FP8 path: the activations are quantised per row and
+//   128 columns (fp8_quant.cu: s = amax / 448, e4m3(x / s)) and multiplied with the weights and
+//   their 128x128 block scales by cuBLASLt (fp32 accumulation, one BF16 rounding, bias and
+//   residual fused); other shapes, architectures and kDequant: chunks of output rows are
+//   dequantised to BF16 exactly as transformers' FineGrainedFP8Config(dequantize=True) does
+//   (bf16(float(w8) * scale)) into the dequant workspace and multiplied by cuBLASLt (W8A16);
+// - FP8 rows up to kSkinnyFp8MaxRows use the skinny kernels in passes of kSkinnyMaxRows instead
+//   (re-reading 1 byte per weight per pass beats writing and re-reading 2 bytes of BF16).
 // Every workspace is allocated once, when the backend is made, so nothing is allocated while
 // generating; cuda_backend_workspace_bytes() gives the exact total for the memory planner.
 //
@@ -35,12 +39,24 @@ namespace qvl {
 inline constexpr int kSkinnyMaxRows = 32;
 inline constexpr int kSkinnyFp8MaxRows = 128;
 
+// How FP8 Linears over more than kSkinnyFp8MaxRows rows multiply (see above).
+enum class CudaFp8Gemm : uint8_t {
+  kW8A8,     // quantised activations, block-scaled FP8 cuBLASLt; kDequant where cuBLASLt has none
+  kDequant,  // weights dequantised to BF16, BF16 cuBLASLt (the numerics of the FP8 fixtures)
+};
+
 struct CudaBackendOptions {
   int device = 0;
   // cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper; graph capture needs a fixed one).
   size_t gemm_workspace_bytes = size_t{32} << 20;
   // BF16 copy of FP8 weight rows for linears over more than kSkinnyFp8MaxRows rows.
   size_t dequant_workspace_bytes = size_t{32} << 20;
+  CudaFp8Gemm fp8_gemm = CudaFp8Gemm::kW8A8;
+  // W8A8: the quantised activations of one cuBLASLt call (K bytes + ceil(K / 128) fp32 scales per
+  // row) and the last rows' output; more rows than fit run as several calls (16 MiB: 1600 rows
+  // of the 4B down_proj, K = 9728). Allocated only where W8A8 can run (sm_90): see
+  // cuda_fp8_act_workspace_bytes().
+  size_t fp8_act_workspace_bytes = size_t{16} << 20;
   // Split-K decode attention keeps fp32 partial outputs per (sequence, q head, split); the
   // scratch is sized for these bounds (a model beyond them fails a check at its first step).
   int max_gqa_group = 8;  // q heads per kv head
@@ -94,8 +110,16 @@ inline size_t cuda_decode_scratch_bytes(const CudaBackendOptions& o) {
   return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + kArgmaxMaxRows * kArgmaxRowScratchBytes +
          kDecodeSplitBlocks * sizeof(uint32_t);
 }
-inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o) {
-  return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_decode_scratch_bytes(o);
+// The W8A8 scratch exists only where cuBLASLt has 128-element block-scaled FP8 (compute
+// capability 9.x, its documented support), whatever fp8_gemm says (so that the memory plan,
+// made from the default options, holds for both settings); compute_capability 0 (unknown: a
+// plan made without a device) counts it, the safe side.
+inline size_t cuda_fp8_act_workspace_bytes(const CudaBackendOptions& o, int compute_capability) {
+  return compute_capability == 0 || compute_capability / 10 == 9 ? o.fp8_act_workspace_bytes : 0;
+}
+inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o, int compute_capability) {
+  return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_fp8_act_workspace_bytes(o, compute_capability) +
+         cuda_decode_scratch_bytes(o);
 }
 
 struct CudaDeviceInfo {
@@ -129,6 +153,20 @@ struct CudaMemoryStats {
 };
 // Stats of `backend`, which must have been made by make_cuda_backend.
 CudaMemoryStats cuda_memory_stats(const Backend& backend);
+
+// How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
+// was made (tests and benchmarks check which one did).
+struct CudaFp8GemmCounts {
+  int64_t w8a8 = 0;
+  int64_t dequant = 0;
+};
+CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
+
+// Test hook: the W8A8 activation quantisation (fp8_quant.cu) of x [n, K] BF16 on the backend's
+// stream into q [n, K] F8E4M3 and scales [ceil(K / 128), main_rows] F32 (cuBLASLt's VEC128_32F
+// layout for the rows [0, main_rows)), and, when tail_scales is not empty, tail_scales
+// [ceil(K / 128), 8] for the last 8 rows.
+void cuda_quantize_fp8_rows(Backend& backend, Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x);
 
 // Per-launch device times (`qvl bench --profile`). Between start and stop every kernel launch,
 // cuBLASLt call and device copy of the backend is bracketed by CUDA events, run_graph runs its

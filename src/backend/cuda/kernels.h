@@ -104,6 +104,22 @@ void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb
 void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& w8, const Tensor& scale,
                         int rows_per_scale, int block, int64_t r0, int64_t r1);
 
+// ---- fp8_quant.cu: the W8A8 prefill GEMM's activation quantisation ----
+// Activations are quantised per row in groups of kFp8ActGroup columns (one fp32 scale each: the
+// granularity of cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F), and every block-scaled
+// cuBLASLt call covers a multiple of kFp8GemmRowMultiple rows (cuBLASLt asks for multiples of 4
+// in the docs; TransformerEngine observed 8 for 1-D-scaled operands).
+inline constexpr int kFp8ActGroup = 128;
+inline constexpr int kFp8GemmRowMultiple = 8;
+// x [n, K] BF16 (K % 16 == 0) -> q [n, K] E4M3 (row stride K) with s = amax / 448 per (row,
+// group) and q = e4m3(x / max(s, 1e-12)) (IEEE divisions, round to nearest even, saturating).
+// The scale of row r < main_rows and group g goes to scales[g * main_rows + r]; with
+// tail_scales non-null, that of each of the last kFp8GemmRowMultiple rows also goes to
+// tail_scales[g * kFp8GemmRowMultiple + (r - (n - kFp8GemmRowMultiple))]. All pointers 16-byte
+// aligned.
+void launch_quantize_fp8_rows(const LaunchContext& ctx, void* q, float* scales, int64_t main_rows, float* tail_scales,
+                              const Tensor& x);
+
 // ---- norm.cu ----
 void launch_rms_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, float eps);
 void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias,
