@@ -66,6 +66,7 @@ struct BenchOptions {
   std::string skinny;  // "variant[,depth[,split]]"
   bool fused_decode = false;
   int decode_stack_debug = 0;
+  std::string fp8_gemm = "w8a8";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
 };
 
@@ -222,6 +223,7 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
     }
     opts.fused_decode = o.fused_decode;
+    opts.fp8_gemm = o.fp8_gemm == "dequant" ? CudaFp8Gemm::kDequant : CudaFp8Gemm::kW8A8;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
@@ -548,6 +550,8 @@ Status run_bench(const BenchOptions& o) {
               {"context_bytes", m.context_bytes},
               {"peak_device_bytes", m.peak_allocated_bytes + m.context_bytes},
               {"device_used_bytes_now", m.device_used_bytes}};
+    const CudaFp8GemmCounts f = cuda_fp8_gemm_counts(be);
+    memory["fp8_gemm"] = {{"option", o.fp8_gemm}, {"w8a8_linears", f.w8a8}, {"dequant_linears", f.dequant}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -640,6 +644,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       "--decode-stack-debug", o->decode_stack_debug,
       "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
       "wrong results, for timing)");
+  app.add_option("--fp8-gemm", o->fp8_gemm,
+                 "CUDA: FP8 Linears over many rows: w8a8 (quantised activations, block-scaled cuBLASLt on sm_90) "
+                 "or dequant (BF16 weights, transformers' dequantize=True numerics) (w8a8)")
+      ->check(CLI::IsMember({"w8a8", "dequant"}));
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {

@@ -87,7 +87,8 @@ std::string plan_table(const MemoryPlan& p, const std::string& model_label) {
     row(os, ctx, p.cuda_context, mark);
     row(os, "kernel modules, library handles, CUDA graphs", p.cuda_modules, mark);
   }
-  row(os, "backend workspaces (cuBLASLt, FP8 dequant, decode splits)", p.backend_workspace);
+  row(os, "backend workspaces (cuBLASLt, FP8 dequant, decode splits)", p.backend_workspace - p.fp8_act_workspace);
+  if (p.fp8_act_workspace > 0) row(os, "backend workspace: FP8 W8A8 activations (sm_90)", p.fp8_act_workspace);
   const bool vision_sets = p.vision.scratch() >= p.decoder.peak();
   row(os, "activation arena", p.activation_arena);
   row(os, "  held image features (merged + deepstack)", p.vision.features());
@@ -199,6 +200,7 @@ std::string plan_json(const MemoryPlan& p, const std::string& model_label, const
                {"context_bytes", p.cuda_context},
                {"modules_bytes", p.cuda_modules},
                {"backend_workspace_bytes", p.backend_workspace},
+               {"fp8_act_workspace_bytes", p.fp8_act_workspace},
                {"provisional", !p.runtime_overridden && p.arch && p.arch->provisional},
                {"overridden", p.runtime_overridden}};
   j["activations"] = {{"arena_bytes", p.activation_arena},

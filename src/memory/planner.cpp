@@ -317,10 +317,16 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   }
   // Each workspace is its own allocation when the backend is made.
   const CudaBackendOptions backend_options;
+  // The W8A8 activation scratch only where the backend allocates it (compute capability 9.x, or
+  // unknown).
+  p.fp8_act_workspace =
+      round_up(static_cast<int64_t>(cuda_fp8_act_workspace_bytes(backend_options, device.compute_capability)), gran);
   p.backend_workspace = round_up(static_cast<int64_t>(backend_options.gemm_workspace_bytes), gran) +
                         round_up(static_cast<int64_t>(backend_options.dequant_workspace_bytes), gran) +
+                        p.fp8_act_workspace +
                         round_up(static_cast<int64_t>(cuda_decode_scratch_bytes(backend_options)), gran);
-  QVL_CHECK_GE(p.backend_workspace, static_cast<int64_t>(cuda_backend_workspace_bytes(backend_options)));
+  QVL_CHECK_GE(p.backend_workspace,
+               static_cast<int64_t>(cuda_backend_workspace_bytes(backend_options, device.compute_capability)));
 
   // ---- KV cache ----
   p.kv_bytes_per_token =

@@ -155,6 +155,27 @@ TEST(PlannerRuntime, Sm90IsMeasured) {
   for (const std::string& n : p.notes) EXPECT_EQ(n.find("provisional"), std::string::npos) << n;
 }
 
+// The CUDA backend's W8A8 activation scratch (FP8 prefill GEMMs through block-scaled cuBLASLt,
+// which exists on compute capability 9.x only) is planned where the backend allocates it: 16 MiB
+// (CudaBackendOptions::fp8_act_workspace_bytes, already whole 2 MiB pages) on sm_90 and when the
+// architecture is unknown, nothing on sm_89.
+TEST(PlannerRuntime, Fp8ActivationWorkspaceWhereW8A8Runs) {
+  RuntimeOptions o;
+  DeviceFacts d;
+  d.compute_capability = 90;
+  d.sm_count = 132;
+  const MemoryPlan hopper = plan_ok(preset("4b", true), o, d);
+  d.compute_capability = 89;
+  d.sm_count = 24;
+  const MemoryPlan ada = plan_ok(preset("4b", true), o, d);
+  const MemoryPlan unknown = plan_ok(preset("4b", true), o);
+  EXPECT_EQ(hopper.fp8_act_workspace, 16 * kMiB);
+  EXPECT_EQ(ada.fp8_act_workspace, 0);
+  EXPECT_EQ(unknown.fp8_act_workspace, 16 * kMiB);
+  EXPECT_EQ(hopper.backend_workspace - ada.backend_workspace, 16 * kMiB);
+  EXPECT_EQ(unknown.backend_workspace, hopper.backend_workspace);
+}
+
 // ---- KV cache ----
 
 TEST(PlannerKv, BytesPerToken) {
