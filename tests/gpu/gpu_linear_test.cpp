@@ -1,8 +1,9 @@
 // CUDA vs CPU Linear: BF16 and FP8 (128x128 block scales) weights, stacked parts merged at
 // load, every dispatch path (skinny kernel for <= 32 rows, skinny passes for FP8 <= 128 rows,
-// cuBLASLt BF16, FP8 dequantised in chunks + cuBLASLt), every epilogue (bias, GELU tanh/erf,
-// residual, residual aliasing the output), and shapes with N not a multiple of 16, K not a
-// multiple of 128 and K not a multiple of 8 (no skinny kernel: cuBLASLt at low alignment).
+// cuBLASLt BF16, FP8 dequantised in chunks + cuBLASLt, FP8 W8A8 block-scaled cuBLASLt on sm_90
+// and its activation quantisation, checked against a host W8A8 reference), every epilogue (bias,
+// GELU tanh/erf, residual, residual aliasing the output), and shapes with N not a multiple of 16,
+// K not a multiple of 128 and K not a multiple of 8 (no skinny kernel: cuBLASLt at low alignment).
 #include <cmath>
 #include <cstring>
 
