@@ -6,6 +6,8 @@
 // - decode (one row per sequence): attention_decode.cu.
 //
 // Cache layout (backend.h KvCacheView): page p, layer l, K then V, each [page_size, Hkv, dh].
+#include <algorithm>
+
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/flash.cuh"
@@ -112,8 +114,7 @@ struct PagedParams {
 template <int BM, bool kFp8Kv>
 struct PagedPolicy {
   using Params = PagedParams;
-  __device__ static bool locate(const Params& p, flash::Tile& t) {
-    int idx = blockIdx.x;
+  __device__ static bool locate(const Params& p, int idx, flash::Tile& t) {
     for (int s = 0; s < p.num_seqs; ++s) {
       const int q0 = p.query_start[s], qlen = p.query_start[s + 1] - q0;
       const int tiles = (qlen + BM - 1) / BM;
@@ -154,7 +155,7 @@ template <int HD, class Pol>
 struct Bound {
   using Params = typename Pol::Params;
   static constexpr bool kFp8Kv = std::is_same_v<typename Pol::KvElem, uint8_t>;
-  __device__ static bool locate(const Params& p, flash::Tile& t) { return Pol::locate(p, t); }
+  __device__ static bool locate(const Params& p, int idx, flash::Tile& t) { return Pol::locate(p, idx, t); }
   __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template q_row<HD>(p, t, i);
   }
@@ -174,22 +175,51 @@ constexpr int kPrefillWarps = 4;
 template <bool kFp8Kv>
 using Paged = PagedPolicy<16 * kPrefillWarps, kFp8Kv>;
 
+// Key split of a causal query tile over a cluster (sm_90+, flash.cuh): the longest key range
+// (max_context) in tiles of 64, shared so that no block scans more than kPrefillMaxKeyTiles of
+// them where a split of at most 4 allows (802 tokens: 13 tiles -> 4 blocks of <= 4; the last
+// query tile's 13 serial tiles were the whole kernel's time). Every query tile of the launch
+// gets the same split; a block whose causal share is empty only joins the merge.
+constexpr int kPrefillMaxKeyTiles = 4;
+int prefill_split(const LaunchContext& ctx, int max_context) {
+  if (!ctx.clusters) return 1;
+  const int tiles = static_cast<int>(ceil_div(std::max(max_context, 1), 64));
+  return tiles <= kPrefillMaxKeyTiles ? 1 : tiles <= 2 * kPrefillMaxKeyTiles ? 2 : 4;
+}
+
+template <int HD, bool kFp8Kv, int SPLIT>
+constexpr auto prefill_kernel() {
+  return flash::flash_kernel<HD, kPrefillWarps, Bound<HD, Paged<kFp8Kv>>, 1, SPLIT>;
+}
+
 template <int HD, bool kFp8Kv>
-void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, float scale) {
-  using P = Bound<HD, Paged<kFp8Kv>>;
+void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
   constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps>();
-  auto kernel = flash::flash_kernel<HD, kPrefillWarps, P>;
+  // One query tile per 64 rows of each sequence: at most num_tokens / 64 + one partial tile per
+  // sequence (blocks past the last tile return).
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
-  launch(ctx, "text_prefill_attention", kernel, dim3(tiles, prm.hq), dim3(kPrefillWarps * 32), smem, prm,
-         scale * 1.4426950408889634f);
+  const dim3 block(kPrefillWarps * 32);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  const char* name = "text_prefill_attention";
+  if (split == 4)
+    launch_clustered(ctx, name, 4, prefill_kernel<HD, kFp8Kv, 4>(), dim3(tiles * 4, prm.hq), block, smem, prm,
+                     scale_log2);
+  else if (split == 2)
+    launch_clustered(ctx, name, 2, prefill_kernel<HD, kFp8Kv, 2>(), dim3(tiles * 2, prm.hq), block, smem, prm,
+                     scale_log2);
+  else
+    launch(ctx, name, prefill_kernel<HD, kFp8Kv, 1>(), dim3(tiles, prm.hq), block, smem, prm, scale_log2);
 }
 
 template <int HD, bool kFp8Kv>
 void configure_prefill() {
-  using P = Bound<HD, Paged<kFp8Kv>>;
-  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps>();
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kPrefillWarps, P>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps>());
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 2>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 4>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 }  // namespace
@@ -269,12 +299,15 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
                   shape.num_q_heads,
                   shape.num_kv_heads};
   const bool fp8 = cache.dtype == DType::kF8E4M3;
+  // max_context bounds every context_len; a batch that leaves it 0 bounds it by its page table.
+  const int bound = batch.max_context > 0 ? batch.max_context : batch.max_pages_per_seq * cache.page_size;
+  const int split = prefill_split(ctx, bound);
   if (hd == 64)
-    fp8 ? run_prefill<64, true>(ctx, prm, batch.num_tokens, scale)
-        : run_prefill<64, false>(ctx, prm, batch.num_tokens, scale);
+    fp8 ? run_prefill<64, true>(ctx, prm, batch.num_tokens, split, scale)
+        : run_prefill<64, false>(ctx, prm, batch.num_tokens, split, scale);
   else
-    fp8 ? run_prefill<128, true>(ctx, prm, batch.num_tokens, scale)
-        : run_prefill<128, false>(ctx, prm, batch.num_tokens, scale);
+    fp8 ? run_prefill<128, true>(ctx, prm, batch.num_tokens, split, scale)
+        : run_prefill<128, false>(ctx, prm, batch.num_tokens, split, scale);
 }
 
 }  // namespace qvl::cuda

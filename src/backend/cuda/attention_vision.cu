@@ -3,6 +3,10 @@
 // query rows per block. Head dims 64 and 72 (Qwen3-VL 2B/4B and 8B) have fast kernels; other
 // head dims use the generic kernel (attention_generic.cu). Blocks find their segment by
 // walking cu_seqlens on the device; the grid is sized from the host copy of it.
+//
+// On sm_90+ each query tile's keys are split over a cluster of kVisionSplit blocks (flash.cuh):
+// 2B's 3072-patch image is 24 tiles x 16 heads = 384 blocks, two waves on an H100's 132 x 2
+// slots with the second 45% full; split in two, 768 half-length blocks fill ~2.9 waves.
 #include "backend/cuda/flash.cuh"
 
 namespace qvl::cuda {
@@ -10,6 +14,7 @@ namespace {
 
 constexpr int kVisionWarps = 8;
 constexpr int kBM = 16 * kVisionWarps;
+constexpr int kVisionSplit = 2;
 
 template <int HD>
 struct SegmentPolicy {
@@ -20,8 +25,7 @@ struct SegmentPolicy {
     int num_segments;
     int heads;
   };
-  __device__ static bool locate(const Params& p, flash::Tile& t) {
-    int idx = blockIdx.x;
+  __device__ static bool locate(const Params& p, int idx, flash::Tile& t) {
     for (int s = 0; s < p.num_segments; ++s) {
       const int begin = p.cu[s], len = p.cu[s + 1] - begin;
       const int tiles = (len + kBM - 1) / kBM;
@@ -52,18 +56,29 @@ struct SegmentPolicy {
   }
 };
 
+template <int HD, int SPLIT>
+constexpr auto kernel() {
+  return flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2, SPLIT>;
+}
+
 template <int HD>
 void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
   constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
-  launch(ctx, "vision_attention", flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2>, dim3(tiles, prm.heads),
-         dim3(kVisionWarps * 32), smem, prm, scale * 1.4426950408889634f);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  if (ctx.clusters) {
+    launch_clustered(ctx, "vision_attention", kVisionSplit, kernel<HD, kVisionSplit>(),
+                     dim3(tiles * kVisionSplit, prm.heads), dim3(kVisionWarps * 32), smem, prm, scale_log2);
+  } else {
+    launch(ctx, "vision_attention", kernel<HD, 1>(), dim3(tiles, prm.heads), dim3(kVisionWarps * 32), smem, prm,
+           scale_log2);
+  }
 }
 
 template <int HD>
 void configure() {
-  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kVisionWarps>());
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, 1>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, kVisionSplit>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 }  // namespace

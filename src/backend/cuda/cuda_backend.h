@@ -64,6 +64,10 @@ struct CudaBackendOptions {
   // Programmatic dependent launch on sm_90+: a kernel may start (and stream its weights)
   // while the previous one finishes.
   bool programmatic_launch = true;
+  // Vision and text-prefill attention split each query tile's keys over a thread-block cluster
+  // on sm_90+ (flash.cuh; same results up to fp32 reassociation). Off: one block per query
+  // tile, as on older GPUs (tests compare both; benchmarks can A/B).
+  bool cluster_attention = true;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
@@ -56,26 +57,44 @@ __device__ __forceinline__ void grid_dep_launch() {
 }
 
 // Launches kernel<<<grid, block, smem, ctx.stream>>>(args...) with the PDL attribute when
-// enabled, and checks the launch.
+// enabled, in clusters of `cluster_x` consecutive blocks along x when cluster_x > 1 (needs
+// ctx.clusters and grid.x a multiple of cluster_x), and checks the launch.
 template <typename... KArgs, typename... Args>
-void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-            Args&&... args) {
+void launch_clustered(const LaunchContext& ctx, const char* name, unsigned cluster_x, void (*kernel)(KArgs...),
+                      dim3 grid, dim3 block, size_t smem, Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = ctx.stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (ctx.pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
   }
+  if (cluster_x > 1) {
+    QVL_CHECK(ctx.clusters) << name << ": clusters of " << cluster_x << " blocks on a device without clusters";
+    QVL_CHECK_EQ(grid.x % cluster_x, 0u) << name;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   if (ctx.profiler) ctx.profiler->before(name);
   QVL_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name);
   if (ctx.profiler) ctx.profiler->after();
+}
+
+template <typename... KArgs, typename... Args>
+void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+            Args&&... args) {
+  launch_clustered(ctx, name, 1, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 // ---- numeric helpers ----

@@ -16,7 +16,18 @@
 //   const bf16* k_row(...,int j), v_row(..., int j)        j < tile.kn
 //   bf16* o_row(..., int i)
 // and Tile carries qn (valid query rows), kn (keys to scan, from 0) and causal_offset (row i
-// sees keys j <= i + causal_offset).
+// sees keys j <= i + causal_offset). locate() gets the query tile's index (blockIdx.x / SPLIT).
+//
+// Key split over a thread-block cluster (SPLIT > 1, sm_90+ only; the host picks SPLIT = 1
+// elsewhere): the SPLIT blocks of a cluster (consecutive blockIdx.x, rank = blockIdx.x % SPLIT)
+// own the same query tile and each scans a contiguous share of its key tiles (a share may be
+// empty: causal tiles near the start). Each keeps its partial (unnormalised O in fp32, running
+// max m and sum l per row) in its own shared memory; after a cluster barrier, rank r merges
+// rows [r·BM/SPLIT, (r+1)·BM/SPLIT) of every rank's partial through distributed shared memory
+// (O = Σ 2^(m_s - M)·O_s / Σ 2^(m_s - M)·l_s, M = max m_s) and writes them; a second barrier
+// keeps every block's shared memory alive until the others have read it. The result equals the
+// unsplit online softmax up to fp32 reassociation (and P's BF16 rounding relative to a share's
+// own running max). No global scratch, one launch.
 #pragma once
 
 #include <type_traits>
@@ -44,10 +55,49 @@ struct Dims {
   static constexpr int NO = HD / 8;    // output n-tiles
 };
 
+// Row pitch (floats) of a split partial O in shared memory: ≡ 8 (mod 16), so the float2 stores
+// of a half-warp (rows g..g+3, columns 2t) and the merge's float4 reads hit distinct banks.
+template <int HD>
+constexpr int partial_pitch() {
+  return HD + (8 - HD % 16 + 16) % 16;
+}
+// A split partial: O [BM][pitch], then m [BM] and l [BM], all fp32, over the Q/K/V tiles.
+template <int HD, int WARPS>
+constexpr size_t partial_bytes() {
+  return static_cast<size_t>(16 * WARPS) * (partial_pitch<HD>() + 2) * sizeof(float);
+}
+
 template <int HD, int WARPS>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
-  return static_cast<size_t>(16 * WARPS + 4 * D::BN) * D::SK * sizeof(bf16);
+  const size_t tiles = static_cast<size_t>(16 * WARPS + 4 * D::BN) * D::SK * sizeof(bf16);
+  return tiles > partial_bytes<HD, WARPS>() ? tiles : partial_bytes<HD, WARPS>();
+}
+
+// Cluster primitives (sm_90+; the kernels that use them are never launched below, and compile
+// to nothing there, see flash_kernel).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+inline constexpr bool kDeviceHasClusters = false;
+#else
+inline constexpr bool kDeviceHasClusters = true;
+#endif
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the cluster's reads after it (release / acquire). Not .aligned: threads may reach
+// it from divergent paths (the merge loop's early exit).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+// The generic address of the same shared-memory location in block `rank` of this cluster.
+__device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<const float*>(out);
+#else
+  return p;
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -144,9 +194,70 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__).
-template <int HD, int WARPS, class P, int MIN_BLOCKS = 1>
-__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
+// Writes this block's partial (O, m, l of its key share) to shared memory, waits for the
+// cluster, merges its slice of rows from every rank and writes them; see the header.
+template <int HD, int WARPS, int SPLIT, class P, int NO>
+__device__ __forceinline__ void merge_split(const typename P::Params& prm, const Tile& tile, float* part,
+                                            const float (&o)[NO][4], const float (&m)[2], const float (&l)[2]) {
+  constexpr int BM = 16 * WARPS, OS = partial_pitch<HD>(), THREADS = WARPS * 32;
+  static_assert(BM % SPLIT == 0, "rows must divide evenly over the split");
+  float* pm = part + BM * OS;
+  float* pl = pm + BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  __syncthreads();  // every warp is done with the Q/K/V tiles this partial overwrites
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + r * 8;
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+      *reinterpret_cast<float2*>(part + row * OS + n * 8 + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    if (t == 0) {
+      pm[row] = m[r];
+      pl[row] = l[r];
+    }
+  }
+  cluster_barrier();
+  constexpr int RPR = BM / SPLIT, C4 = HD / 4;
+  const int rank = static_cast<int>(blockIdx.x % SPLIT);
+  for (int it = threadIdx.x; it < RPR * C4; it += THREADS) {
+    const int row = rank * RPR + it / C4, c = it % C4;
+    if (row >= tile.qn) break;  // rows only grow with it
+    float ms[SPLIT], ls[SPLIT];
+    float4 os[SPLIT];
+#pragma unroll
+    for (int s = 0; s < SPLIT; ++s) {
+      const float* peer = cluster_peer(part, static_cast<unsigned>(s));
+      ms[s] = peer[BM * OS + row];
+      ls[s] = peer[BM * OS + BM + row];
+      os[s] = *reinterpret_cast<const float4*>(peer + row * OS + 4 * c);
+    }
+    float mmax = ms[0];
+#pragma unroll
+    for (int s = 1; s < SPLIT; ++s) mmax = fmaxf(mmax, ms[s]);
+    // A share that saw no visible key of this row has m = -inf, l = 0, O = 0: weight 0. A row
+    // no share saw (mmax = -inf) gets 0, as the unsplit kernel writes for l = 0.
+    const float base = mmax == -INFINITY ? 0.0f : mmax;
+    float sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < SPLIT; ++s) {
+      const float w = exp2_ftz(ms[s] - base);
+      sum += w * ls[s];
+      acc[0] += w * os[s].x;
+      acc[1] += w * os[s].y;
+      acc[2] += w * os[s].z;
+      acc[3] += w * os[s].w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    bf16* out = P::o_row(prm, tile, row) + 4 * c;
+    reinterpret_cast<bf162*>(out)[0] = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
+    reinterpret_cast<bf162*>(out)[1] = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
+  }
+  cluster_barrier();  // the other ranks have read this block's partial before it exits
+}
+
+template <int HD, int WARPS, class P, int SPLIT>
+__device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
   constexpr int BM = 16 * WARPS, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
   extern __shared__ uint4 smem_raw[];
@@ -157,7 +268,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typ
   grid_dep_wait();
   grid_dep_launch();
   Tile tile;
-  if (!P::locate(prm, tile)) return;
+  if (!P::locate(prm, static_cast<int>(blockIdx.x / SPLIT), tile)) return;  // the whole cluster returns
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -170,7 +281,13 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typ
     }
   }
 
-  const int ntiles = (tile.kn + BN - 1) / BN;
+  // This block's key tiles [kt_begin, kt_end): all of them, or its rank's contiguous share.
+  int kt_begin = 0, kt_end = (tile.kn + BN - 1) / BN;
+  if constexpr (SPLIT > 1) {
+    const int all = kt_end, rank = static_cast<int>(blockIdx.x % SPLIT);
+    kt_begin = all * rank / SPLIT;
+    kt_end = all * (rank + 1) / SPLIT;
+  }
   auto load_kv = [&](int kt, int stage) {
     const int base = kt * BN;
     const int valid = min(BN, tile.kn - base);
@@ -182,8 +299,10 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typ
       load_rows<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
     }
   };
-  load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
-  if (ntiles > 0) load_kv(0, 0);
+  if (kt_begin < kt_end) {
+    load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
+    load_kv(kt_begin, kt_begin & 1);
+  }
   cp_async_commit();
 
   float o[D::NO][4];
@@ -195,12 +314,12 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typ
   uint32_t qf[D::KS][4];
   const int row_lo = warp * 16 + g;  // tile rows of this thread: row_lo and row_lo + 8
 
-  for (int kt = 0; kt < ntiles; ++kt) {
-    if (kt + 1 < ntiles) load_kv(kt + 1, (kt + 1) & 1);
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (kt == 0) {
+    if (kt == kt_begin) {
 #pragma unroll
       for (int ks = 0; ks < D::KS; ++ks)
         ldmatrix_x4(qf[ks], sq + (warp * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
@@ -313,16 +432,33 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typ
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  if constexpr (SPLIT > 1) {
+    merge_split<HD, WARPS, SPLIT, P>(prm, tile, reinterpret_cast<float*>(smem_raw), o, m, l);
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_lo + r * 8;
-    if (row >= tile.qn) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    bf16* out = P::o_row(prm, tile, row);
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_lo + r * 8;
+      if (row >= tile.qn) continue;
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      bf16* out = P::o_row(prm, tile, row);
 #pragma unroll
-    for (int n = 0; n < D::NO; ++n) {
-      *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) = __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      for (int n = 0; n < D::NO; ++n) {
+        *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) =
+            __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      }
     }
+  }
+}
+
+// MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__). SPLIT:
+// blocks per cluster sharing one query tile (1: no cluster). A SPLIT > 1 kernel compiles to
+// nothing below sm_90 (the host never launches it there).
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
+  if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
+    return;
+  } else {
+    flash_body<HD, WARPS, P, SPLIT>(prm, scale_log2);
   }
 }
 

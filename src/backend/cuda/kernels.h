@@ -65,6 +65,7 @@ struct SkinnyTuning {
 struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool pdl = false;  // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;  // thread-block clusters for the attention key split (sm_90+ and enabled)
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
