@@ -2,14 +2,56 @@
 // generic one), text q/k-norm + M-RoPE + KV store, causal prefill over a paged cache with
 // random page tables, and split-K decode (one long sequence: many splits; a few: some; many
 // sequences: unsplit), GQA groups 2 and 4.
+//
+// Vision and prefill attention run twice on sm_90+: with the cluster key split (flash.cuh; the
+// default there) and on a second backend with it off (one block per query tile, the path of
+// older GPUs). The split cases: segments of 1 to 3072 rows (shorter than a tile, >= 2 key
+// tiles per rank, several per launch), prefill contexts 1/63/64/65/300/900 alone (split 1, 1, 1,
+// 1, 2, 4: flash.cuh's split follows the batch's longest context) and together (all split 4:
+// ranks with empty causal shares), chunked prefill after cached context, BF16 and FP8 caches.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
+#include "backend/cuda/cuda_backend.h"
 #include "gpu/gpu_util.h"
 
 namespace qvl::test::gpu {
 namespace {
+
+// The CUDA backends a vision / prefill case runs on: cuda() (cluster split on sm_90+) and, on
+// sm_90+, one with CudaBackendOptions::cluster_attention off.
+struct Gpu {
+  std::string label;
+  Backend* be;
+};
+std::vector<Gpu> attention_gpus() {
+  static std::unique_ptr<Backend> unsplit;
+  std::vector<Gpu> out = {{"", cuda()}};
+  auto info = cuda_device_info(0);
+  if (!info.is_ok() || info->compute_capability < 90) return out;
+  if (!unsplit) {
+    CudaBackendOptions o;
+    o.cluster_attention = false;
+    auto b = make_cuda_backend(o);
+    EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+    if (!b.is_ok()) return out;
+    unsplit = std::move(b).value();
+  }
+  out.push_back({" no-cluster", unsplit.get()});
+  return out;
+}
+
+// A fresh BF16 device tensor (allocated through cuda(), usable by every CUDA backend) filled
+// with `fill`; cuda()'s stream is drained so another backend's stream sees the contents.
+Tensor filled_output(Scratch& s, std::initializer_list<int64_t> dims, float fill) {
+  Tensor t = s.alloc(*cuda(), DType::kBF16, dims);
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()), float_to_bf16(fill));
+  cuda()->copy_to_device(t, bits.data());
+  cuda()->synchronize();
+  return t;
+}
 
 TEST(GpuOps, VisionAttention) {
   QVL_REQUIRE_CUDA();
@@ -17,24 +59,32 @@ TEST(GpuOps, VisionAttention) {
     std::vector<int32_t> cu;
     int nh, dh;
   };
+  // Key tiles of 64 per segment, split over 2 ranks on sm_90+: 1030 -> 17 (8 + 9 per rank);
+  // 1, 63, 65, 571, 1536 -> 1 (one rank empty), 1, 2, 9, 24; 3072 is 2B's image (24 + 24).
   for (const Case& c : {Case{{0, 1}, 2, 64}, Case{{0, 5, 200, 200, 333}, 2, 64}, Case{{0, 1030}, 16, 64},
-                        Case{{0, 77, 301}, 3, 72}, Case{{0, 129, 600}, 16, 72}, Case{{0, 40, 97}, 2, 40}}) {
+                        Case{{0, 77, 301}, 3, 72}, Case{{0, 129, 600}, 16, 72}, Case{{0, 40, 97}, 2, 40},
+                        Case{{0, 1, 64, 129, 700, 2236}, 4, 64}, Case{{0, 3072}, 2, 64}, Case{{0, 500, 1300}, 4, 72}}) {
     Scratch s;
     const int64_t N = c.cu.back(), width = 3LL * c.nh * c.dh;
     Pair qkv = activation(s, {N, width}, random_values(N * width));
-    Pair out = activation(s, {N, int64_t{c.nh} * c.dh}, std::vector<float>(static_cast<size_t>(N * c.nh * c.dh), 5.0f));
     Pair cu = ints(s, {static_cast<int64_t>(c.cu.size())}, c.cu);
     int max_len = 0;
     for (size_t i = 0; i + 1 < c.cu.size(); ++i) max_len = std::max(max_len, c.cu[i + 1] - c.cu[i]);
     VisionSegments sc{cu.c, c.cu, max_len}, sg{cu.g, c.cu, max_len};
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
-    cpu().vision_attention(out.c, qkv.c, sc, c.nh, c.dh, scale);
-    cuda()->vision_attention(out.g, qkv.g, sg, c.nh, c.dh, scale);
+    Tensor out_c = s.alloc(cpu(), DType::kF32, {N, int64_t{c.nh} * c.dh});
+    cpu().vision_attention(out_c, qkv.c, sc, c.nh, c.dh, scale);
+    const std::vector<float> expected = download(cpu(), out_c);
     std::string segs;
     for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
-    EXPECT_TRUE(compare_pair("vision_attention",
-                             "segs " + segs + " nh" + std::to_string(c.nh) + " dh" + std::to_string(c.dh), out,
-                             tol::kGpuAttention));
+    for (const Gpu& gpu : attention_gpus()) {
+      // Rows a kernel fails to write keep 5.0 and fail the comparison.
+      Tensor out_g = filled_output(s, {N, int64_t{c.nh} * c.dh}, 5.0f);
+      gpu.be->vision_attention(out_g, qkv.g, sg, c.nh, c.dh, scale);
+      EXPECT_TRUE(compare("vision_attention",
+                          "segs " + segs + " nh" + std::to_string(c.nh) + " dh" + std::to_string(c.dh) + gpu.label,
+                          download(*gpu.be, out_g), expected, tol::kGpuAttention));
+    }
   }
 }
 
@@ -195,6 +245,8 @@ TEST(GpuOps, TextQkvPrepare) {
   }
 }
 
+// `seqs`: (new rows, context after this step) per sequence. Prefill runs on every backend of
+// attention_gpus(); decode (which has no cluster split) on cuda() only.
 void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd,
                         DType kv = DType::kBF16) {
   TextSetup t;
@@ -202,18 +254,26 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
   const int n = t.num_tokens, layer = 1;
   const int64_t width = int64_t{hq + 2 * hkv} * hd;
   Pair qkv = activation(t.s, {n, width}, random_values(n * width));
-  Pair out = activation(t.s, {n, int64_t{hq} * hd}, std::vector<float>(static_cast<size_t>(n * hq * hd), 9.0f));
   const TextAttentionShape shape{hq, hkv, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  cpu().text_attention(out.c, qkv.c, t.bc, t.cc, layer, shape, scale);
-  cuda()->text_attention(out.g, qkv.g, t.bg, t.cg, layer, shape, scale);
+  Tensor out_c = t.s.alloc(cpu(), DType::kF32, {n, int64_t{hq} * hd});
+  cpu().text_attention(out_c, qkv.c, t.bc, t.cc, layer, shape, scale);
+  const std::vector<float> expected = download(cpu(), out_c);
   std::string desc = std::to_string(seqs.size()) + " seqs (";
-  for (size_t i = 0; i < std::min<size_t>(seqs.size(), 4); ++i)
+  for (size_t i = 0; i < std::min<size_t>(seqs.size(), 6); ++i)
     desc += (i ? "," : "") + std::to_string(seqs[i].first) + "/" + std::to_string(seqs[i].second);
-  desc += seqs.size() > 4 ? ",..)" : ")";
+  desc += seqs.size() > 6 ? ",..)" : ")";
   desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
   if (kv == DType::kF8E4M3) desc += " kv:fp8";
-  EXPECT_TRUE(compare_pair(op, desc, out, tol::kGpuAttention));
+  const bool decode = n == static_cast<int>(seqs.size());
+  std::vector<Gpu> gpus = attention_gpus();
+  if (decode) gpus.resize(1);
+  for (const Gpu& gpu : gpus) {
+    // Rows a kernel fails to write keep 9.0 and fail the comparison.
+    Tensor out_g = filled_output(t.s, {n, int64_t{hq} * hd}, 9.0f);
+    gpu.be->text_attention(out_g, qkv.g, t.bg, t.cg, layer, shape, scale);
+    EXPECT_TRUE(compare(op, desc + gpu.label, download(*gpu.be, out_g), expected, tol::kGpuAttention));
+  }
 }
 
 TEST(GpuOps, TextPrefillAttention) {
@@ -226,6 +286,25 @@ TEST(GpuOps, TextPrefillAttention) {
   run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kF8E4M3);
   run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kF8E4M3);
   run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kF8E4M3);
+}
+
+// The cluster key split (flash.cuh) at the context lengths around tile edges, alone and in one
+// batch, after cached context, with both caches and both head dims.
+TEST(GpuOps, TextPrefillAttentionSplit) {
+  QVL_REQUIRE_CUDA();
+  const DType f8 = DType::kF8E4M3;
+  for (int ctx : {1, 63, 64, 65, 300, 900}) run_text_attention("text_attention prefill", {{ctx, ctx}}, 16, 8, 128);
+  const std::vector<std::pair<int, int>> edges = {{1, 1}, {63, 63}, {64, 64}, {65, 65}, {300, 300}, {900, 900}};
+  run_text_attention("text_attention prefill", edges, 16, 8, 128);
+  run_text_attention("text_attention prefill", edges, 16, 8, 128, f8);
+  run_text_attention("text_attention prefill", {{300, 300}, {900, 900}}, 32, 8, 128);
+  // chunked prefill: new rows after cached context
+  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128);
+  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128, f8);
+  run_text_attention("text_attention prefill", {{37, 301}, {64, 128}}, 16, 8, 128);
+  run_text_attention("text_attention prefill", {{65, 700}, {2, 64}, {129, 129}}, 16, 8, 128, f8);
+  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64);
+  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8);
 }
 
 TEST(GpuOps, TextDecodeAttention) {
