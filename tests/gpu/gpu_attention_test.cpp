@@ -11,6 +11,7 @@
 // ranks with empty causal shares), chunked prefill after cached context, BF16 and FP8 caches.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 
@@ -94,6 +95,7 @@ TEST(GpuOps, VisionAttention) {
 struct TextSetup {
   Scratch s;
   Pair cache_mem;
+  std::vector<uint8_t> device_cache;  // the CUDA cache's initial bytes
   KvCacheView cc, cg;
   TextBatch bc, bg;
   std::vector<int32_t> qs, ctx, table, slots;
@@ -143,6 +145,8 @@ void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int 
   if (kv == DType::kBF16) {
     fill = to_bf16_bits(random_values(elems));
     t.cache_mem = same_bytes(t.s, DType::kU8, {elems * 2}, fill.data());
+    t.device_cache.resize(static_cast<size_t>(elems) * 2);
+    std::memcpy(t.device_cache.data(), fill.data(), t.device_cache.size());
   } else {
     std::vector<uint8_t> codes(static_cast<size_t>(elems));
     std::uniform_int_distribution<int> d(0, 255);
@@ -156,6 +160,7 @@ void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int 
     t.cache_mem.g = t.s.alloc(*cuda(), DType::kU8, {elems});
     cpu().copy_to_device(t.cache_mem.c, fill.data());
     cuda()->copy_to_device(t.cache_mem.g, codes.data());
+    t.device_cache = codes;
   }
   t.cc.base = t.cache_mem.c.data;
   t.cg.base = t.cache_mem.g.data;
@@ -185,31 +190,81 @@ std::vector<float> cache_values(Backend& be, const Tensor& mem, DType dt) {
   return v;
 }
 
+// A CUDA backend with CudaBackendOptions::token_qkv_prepare off (text_qkv_prepare through the
+// one-block-per-8-heads kernel for every head dim).
+Backend& per_head_group_prepare() {
+  static std::unique_ptr<Backend> b = [] {
+    CudaBackendOptions o;
+    o.token_qkv_prepare = false;
+    auto r = make_cuda_backend(o);
+    QVL_CHECK(r.is_ok()) << r.status().to_string();
+    return std::move(r).value();
+  }();
+  return *b;
+}
+
+template <typename T>
+std::vector<T> raw(Backend& be, const Tensor& t) {
+  std::vector<T> v(t.nbytes() / sizeof(T));
+  be.copy_to_host(v.data(), t);
+  return v;
+}
+// Index of the first difference, or -1.
+template <typename T>
+int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  auto m = std::mismatch(a.begin(), a.end(), b.begin());
+  return m.first == a.end() ? -1 : m.first - a.begin();
+}
+
 TEST(GpuOps, TextQkvPrepare) {
   QVL_REQUIRE_CUDA();
   struct Case {
     std::vector<std::pair<int, int>> seqs;
     int hq, hkv, hd;
     DType kv;
+    DType norm = DType::kF32;
   };
   const DType bf = DType::kBF16, f8 = DType::kF8E4M3;
+  // 802/802: 2B's TTFT prefill (32 heads: 4 per warp); 32/8: 4B's 48 heads (6 per warp).
   for (const Case& c :
        {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf}, Case{{{5, 5}}, 4, 2, 64, bf},
-        Case{{{3, 20}}, 2, 1, 40, bf}, Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8}}) {
+        Case{{{3, 20}}, 2, 1, 40, bf}, Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8},
+        Case{{{802, 802}}, 16, 8, 128, bf}, Case{{{300, 300}, {40, 100}}, 32, 8, 128, f8},
+        Case{{{70, 90}, {3, 3}}, 4, 2, 64, f8, bf}, Case{{{64, 64}}, 40, 8, 128, bf, bf}}) {
     TextSetup t;
     setup_text(t, c.seqs, c.hkv, c.hd, 2, c.kv);
     const int n = t.num_tokens, layer = 1;
     const int64_t width = int64_t{c.hq + 2 * c.hkv} * c.hd;
-    Pair qkv = activation(t.s, {n, width}, random_values(n * width, 2.0f));
+    const std::vector<float> qkv_values = random_values(n * width, 2.0f);
+    Pair qkv = activation(t.s, {n, width}, qkv_values);
     std::vector<float> qn = random_values(c.hd, 0.2f), kn = random_values(c.hd, 0.2f);
     for (auto& v : qn) v += 1.0f;
     for (auto& v : kn) v += 1.0f;
-    Pair qnorm = same_bytes(t.s, DType::kF32, {c.hd}, qn.data()),
-         knorm = same_bytes(t.s, DType::kF32, {c.hd}, kn.data());
+    Pair qnorm, knorm;
+    if (c.norm == bf) {
+      const std::vector<uint16_t> qb = to_bf16_bits(qn), kb = to_bf16_bits(kn);
+      qnorm = same_bytes(t.s, bf, {c.hd}, qb.data());
+      knorm = same_bytes(t.s, bf, {c.hd}, kb.data());
+    } else {
+      qnorm = same_bytes(t.s, DType::kF32, {c.hd}, qn.data());
+      knorm = same_bytes(t.s, DType::kF32, {c.hd}, kn.data());
+    }
     const MropeSpec rope = make_mrope(c.hd);
     const TextAttentionShape shape{c.hq, c.hkv, c.hd};
+    // The same qkv and cache again, for the per-8-heads kernel.
+    Tensor qkv2 = t.s.alloc(*cuda(), bf, {n, width});
+    Tensor cache2 = t.s.alloc(*cuda(), DType::kU8, {static_cast<int64_t>(t.device_cache.size())});
+    const std::vector<uint16_t> qkv_bits = to_bf16_bits(qkv_values);
+    cuda()->copy_to_device(qkv2, qkv_bits.data());
+    cuda()->copy_to_device(cache2, t.device_cache.data());
+    cuda()->synchronize();
+    KvCacheView cg2 = t.cg;
+    cg2.base = cache2.data;
     cpu().text_qkv_prepare(qkv.c, qnorm.c, knorm.c, 1e-6f, rope, t.bc, t.cc, layer, shape);
     cuda()->text_qkv_prepare(qkv.g, qnorm.g, knorm.g, 1e-6f, rope, t.bg, t.cg, layer, shape);
+    Backend& other = per_head_group_prepare();
+    other.text_qkv_prepare(qkv2, qnorm.g, knorm.g, 1e-6f, rope, t.bg, cg2, layer, shape);
     // q columns of qkv (rotated in place)
     std::vector<float> a = download(*cuda(), qkv.g), e = download(cpu(), qkv.c), qa, qe;
     for (int i = 0; i < n; ++i) {
@@ -241,7 +296,14 @@ TEST(GpuOps, TextQkvPrepare) {
     const bool fp8 = c.kv == f8;
     EXPECT_TRUE(compare("text_qkv_prepare k -> cache", shp, ka, ke, fp8 ? tol::kGpuFp8Kv : tol::kGpuRope));
     EXPECT_TRUE(compare("text_qkv_prepare v -> cache", shp, va, ve, fp8 ? tol::kGpuFp8Kv : tol::kGpuCopy));
-    if (!fp8) EXPECT_TRUE(compare("kv cache (all bytes)", shp, ca, ce, tol::kGpuRope));
+    if (!fp8) {
+      EXPECT_TRUE(compare("kv cache (all bytes)", shp, ca, ce, tol::kGpuRope));
+    }
+    // Both CUDA kernels write the same bits: all of qkv (q rotated, k and v untouched) and the
+    // whole cache.
+    EXPECT_EQ(first_difference(raw<uint16_t>(*cuda(), qkv.g), raw<uint16_t>(other, qkv2)), -1) << shp << ": qkv";
+    EXPECT_EQ(first_difference(raw<uint8_t>(*cuda(), t.cache_mem.g), raw<uint8_t>(other, cache2)), -1)
+        << shp << ": cache";
   }
 }
 

@@ -1,8 +1,10 @@
 // Text attention over the paged KV cache:
 // - text_qkv_prepare: per token, RMSNorm of every q and k head (q_norm/k_norm), interleaved
-//   M-RoPE, K and V stored at the token's slot; q rotated in place.
+//   M-RoPE, K and V stored at the token's slot; q rotated in place. Two kernels with identical
+//   results: one block per token (head dims 64 / 128) and one per (token, 8 heads) (any).
 // - prefill (rows per sequence > 1): the flash core (flash.cuh) with K/V rows gathered from
-//   pages by cp.async, causal: a row at absolute position p sees cache tokens [0, p].
+//   pages by cp.async, causal: a row at absolute position p sees cache tokens [0, p]; on sm_90+
+//   each query tile's keys are split over a cluster of 1, 2 or 4 blocks (prefill_split).
 // - decode (one row per sequence): attention_decode.cu.
 //
 // Cache layout (backend.h KvCacheView): page p, layer l, K then V, each [page_size, Hkv, dh].
@@ -30,9 +32,10 @@ struct PrepareParams {
 
 constexpr int kPrepareWarps = 8;
 
-// One block per (token, group of 8 heads): the token's cos/sin in shared memory, one head per
-// warp. (A warp-per-head variant that recomputes cos/sin per head measured 29 us against 19 us
-// for an 802-token prefill of 2B; decode batches run this fused into the attention kernel.)
+// Any head dim: one block per (token, group of 8 heads): the token's cos/sin in shared memory,
+// one head per warp. (A warp-per-head variant that recomputes cos/sin per head measured 29 us
+// against 19 us for an 802-token prefill of 2B; decode batches run this fused into the
+// attention kernel.)
 template <typename W>
 __global__ void __launch_bounds__(kPrepareWarps * 32)
     qkv_prepare_kernel(const PrepareParams<W> p, const __grid_constant__ MropeParams rope) {
@@ -97,6 +100,95 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
         src[d] = __float2bfloat16_rn(out[i]);  // q stays in qkv, rotated in place
       else if (kdst)
         store_kv(kdst, d, out[i], p.cache.esize);
+    }
+  }
+}
+
+// Head dims 64 and 128 (every Qwen3-VL text model): one block per token, 8 warps over all its
+// heads. The token's host-written inputs (positions -> cos/sin, slot) and the norm weights are
+// read before the PDL wait; each warp then issues the loads of up to kPrepareBatch heads at
+// once and works on them from registers. Lane l holds dims d = l + 32 i (i < HD/32), so a
+// rotary partner d ± HD/2 is in the same lane, and the sum of squares adds the same values in
+// the same order as qkv_prepare_kernel: the two kernels write identical bits (GPU test).
+// (qkv_prepare_kernel: 19.3 us for 802 tokens of 2B on an H100, with cos/sin computed by each
+// of a token's 4 blocks and one dependent load chain per warp.)
+constexpr int kPrepareBatch = 6;
+
+template <typename W, int HD>
+__global__ void __launch_bounds__(kPrepareWarps * 32)
+    qkv_prepare_token_kernel(const PrepareParams<W> p, const __grid_constant__ MropeParams rope) {
+  constexpr int kHalf = HD / 2, E = HD / 32;
+  static_assert(kHalf % 32 == 0, "rotary partners must share a lane");
+  __shared__ float cos_s[kHalf], sin_s[kHalf];
+  const int tok = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // cos/sin of this token's M-RoPE angles, rounded to bf16 like the reference's cos/sin.
+  for (int j = threadIdx.x; j < kHalf; j += blockDim.x) {
+    const float pos = static_cast<float>(p.positions[tok * 3 + rope.axis[j]]);
+    const float f = pos * rope.inv_freq[j];
+    cos_s[j] = bf16_round(cosf(f));
+    sin_s[j] = bf16_round(sinf(f));
+  }
+  const int32_t slot = p.slots[tok];
+  float wq[E], wk[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    wq[i] = static_cast<float>(p.q_norm[lane + 32 * i]);
+    wk[i] = static_cast<float>(p.k_norm[lane + 32 * i]);
+  }
+  grid_dep_wait();
+  grid_dep_launch();
+  const int heads = p.hq + 2 * p.hkv;
+  bf16* row = p.qkv + tok * static_cast<int64_t>(heads) * HD;
+  const int32_t page = slot >= 0 ? slot / p.cache.page_size : 0;
+  const int off = slot >= 0 ? slot % p.cache.page_size : 0;
+  float x[kPrepareBatch][E];
+  // Heads h0, h0 + 8, ... (kPrepareBatch of them) of warp w: h0 = w, w + 8·kPrepareBatch, ...
+  auto load = [&](int h0) {
+#pragma unroll
+    for (int k = 0; k < kPrepareBatch; ++k) {
+      const int hh = h0 + k * kPrepareWarps;
+#pragma unroll
+      for (int i = 0; i < E; ++i)
+        x[k][i] = hh < heads ? __bfloat162float(row[static_cast<int64_t>(hh) * HD + lane + 32 * i]) : 0.0f;
+    }
+  };
+  load(warp);
+  __syncthreads();  // cos_s / sin_s
+  for (int h0 = warp; h0 < heads; h0 += kPrepareWarps * kPrepareBatch) {
+    if (h0 != warp) load(h0);
+#pragma unroll
+    for (int k = 0; k < kPrepareBatch; ++k) {
+      const int hh = h0 + k * kPrepareWarps;
+      if (hh >= heads) break;
+      bf16* src = row + static_cast<int64_t>(hh) * HD;
+      if (hh >= p.hq + p.hkv) {  // v: copy into the cache
+        if (slot < 0) continue;
+        char* dst = cache_row(p.cache, page, off, hh - p.hq - p.hkv, HD, true);
+#pragma unroll
+        for (int i = 0; i < E; ++i) store_kv(dst, lane + 32 * i, x[k][i], p.cache.esize);
+        continue;
+      }
+      const bool is_q = hh < p.hq;
+      float ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < E; ++i) ss += x[k][i] * x[k][i];
+      const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(p.hd) + p.eps);
+      float b[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) b[i] = bf16_round((is_q ? wq[i] : wk[i]) * bf16_round(x[k][i] * rstd));
+      char* kdst = !is_q && slot >= 0 ? cache_row(p.cache, page, off, hh - p.hq, HD, false) : nullptr;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const int d = lane + 32 * i;
+        const int j = i < E / 2 ? d : d - kHalf;
+        const float rot = i < E / 2 ? -b[i + E / 2] : b[i - E / 2];
+        const float out = bf16_round(b[i] * cos_s[j]) + bf16_round(rot * sin_s[j]);
+        if (is_q)
+          src[d] = __float2bfloat16_rn(out);  // q stays in qkv, rotated in place
+        else if (kdst)
+          store_kv(kdst, d, out, p.cache.esize);
+      }
     }
   }
 }
@@ -266,9 +358,15 @@ void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor&
                        shape.num_q_heads,
                        shape.num_kv_heads,
                        shape.head_dim};
-    const unsigned head_groups = ceil_div(shape.num_q_heads + 2 * shape.num_kv_heads, kPrepareWarps);
-    launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens, head_groups),
-           dim3(kPrepareWarps * 32), 0, p, rope);
+    const dim3 block(kPrepareWarps * 32);
+    if (ctx.token_prepare && shape.head_dim == 128) {
+      launch(ctx, "text_qkv_prepare", qkv_prepare_token_kernel<W, 128>, dim3(batch.num_tokens), block, 0, p, rope);
+    } else if (ctx.token_prepare && shape.head_dim == 64) {
+      launch(ctx, "text_qkv_prepare", qkv_prepare_token_kernel<W, 64>, dim3(batch.num_tokens), block, 0, p, rope);
+    } else {
+      const unsigned head_groups = ceil_div(shape.num_q_heads + 2 * shape.num_kv_heads, kPrepareWarps);
+      launch(ctx, "text_qkv_prepare", qkv_prepare_kernel<W>, dim3(batch.num_tokens, head_groups), block, 0, p, rope);
+    }
   };
   if (q_norm.dtype == DType::kBF16)
     go(bf16{});

@@ -68,6 +68,10 @@ struct CudaBackendOptions {
   // on sm_90+ (flash.cuh; same results up to fp32 reassociation). Off: one block per query
   // tile, as on older GPUs (tests compare both; benchmarks can A/B).
   bool cluster_attention = true;
+  // text_qkv_prepare for head dims 64 / 128 as one block per token (cos/sin once per token, all
+  // of a warp's heads loaded at once). Off: the one-block-per-8-heads kernel every head dim can
+  // use. Both write the same bits (the GPU test compares them).
+  bool token_qkv_prepare = true;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -64,8 +64,9 @@ struct SkinnyTuning {
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;  // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;  // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool pdl = false;           // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;      // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;  // text_qkv_prepare: one block per token for head dims 64 / 128
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
