@@ -21,28 +21,37 @@
 namespace qvl::test::gpu {
 namespace {
 
-// The CUDA backends a vision / prefill case runs on: cuda() (cluster split on sm_90+) and, on
-// sm_90+, one with CudaBackendOptions::cluster_attention off.
+// A CUDA backend with `options` (the shared cuda() uses the defaults).
+std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
+  auto b = make_cuda_backend(options);
+  QVL_CHECK(b.is_ok()) << b.status().to_string();
+  return std::move(b).value();
+}
+
+// The CUDA backends a vision / prefill case runs on, made per test: cuda() (cluster split on
+// sm_90+) and, on sm_90+, one with CudaBackendOptions::cluster_attention off.
 struct Gpu {
   std::string label;
   Backend* be;
 };
-std::vector<Gpu> attention_gpus() {
-  static std::unique_ptr<Backend> unsplit;
-  std::vector<Gpu> out = {{"", cuda()}};
-  auto info = cuda_device_info(0);
-  if (!info.is_ok() || info->compute_capability < 90) return out;
-  if (!unsplit) {
-    CudaBackendOptions o;
-    o.cluster_attention = false;
-    auto b = make_cuda_backend(o);
-    EXPECT_TRUE(b.is_ok()) << b.status().to_string();
-    if (!b.is_ok()) return out;
-    unsplit = std::move(b).value();
+class AttentionGpus {
+ public:
+  AttentionGpus() {
+    list_.push_back({"", cuda()});
+    auto info = cuda_device_info(0);
+    if (info.is_ok() && info->compute_capability >= 90) {
+      CudaBackendOptions o;
+      o.cluster_attention = false;
+      unsplit_ = cuda_backend_with(o);
+      list_.push_back({" no-cluster", unsplit_.get()});
+    }
   }
-  out.push_back({" no-cluster", unsplit.get()});
-  return out;
-}
+  const std::vector<Gpu>& list() const { return list_; }
+
+ private:
+  std::unique_ptr<Backend> unsplit_;
+  std::vector<Gpu> list_;
+};
 
 // A fresh BF16 device tensor (allocated through cuda(), usable by every CUDA backend) filled
 // with `fill`; cuda()'s stream is drained so another backend's stream sees the contents.
@@ -56,6 +65,7 @@ Tensor filled_output(Scratch& s, std::initializer_list<int64_t> dims, float fill
 
 TEST(GpuOps, VisionAttention) {
   QVL_REQUIRE_CUDA();
+  const AttentionGpus gpus;
   struct Case {
     std::vector<int32_t> cu;
     int nh, dh;
@@ -78,7 +88,7 @@ TEST(GpuOps, VisionAttention) {
     const std::vector<float> expected = download(cpu(), out_c);
     std::string segs;
     for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
-    for (const Gpu& gpu : attention_gpus()) {
+    for (const Gpu& gpu : gpus.list()) {
       // Rows a kernel fails to write keep 5.0 and fail the comparison.
       Tensor out_g = filled_output(s, {N, int64_t{c.nh} * c.dh}, 5.0f);
       gpu.be->vision_attention(out_g, qkv.g, sg, c.nh, c.dh, scale);
@@ -190,19 +200,6 @@ std::vector<float> cache_values(Backend& be, const Tensor& mem, DType dt) {
   return v;
 }
 
-// A CUDA backend with CudaBackendOptions::token_qkv_prepare off (text_qkv_prepare through the
-// one-block-per-8-heads kernel for every head dim).
-Backend& per_head_group_prepare() {
-  static std::unique_ptr<Backend> b = [] {
-    CudaBackendOptions o;
-    o.token_qkv_prepare = false;
-    auto r = make_cuda_backend(o);
-    QVL_CHECK(r.is_ok()) << r.status().to_string();
-    return std::move(r).value();
-  }();
-  return *b;
-}
-
 template <typename T>
 std::vector<T> raw(Backend& be, const Tensor& t) {
   std::vector<T> v(t.nbytes() / sizeof(T));
@@ -226,6 +223,11 @@ TEST(GpuOps, TextQkvPrepare) {
     DType norm = DType::kF32;
   };
   const DType bf = DType::kBF16, f8 = DType::kF8E4M3;
+  // text_qkv_prepare through the one-block-per-8-heads kernel for every head dim.
+  CudaBackendOptions per_head_group;
+  per_head_group.token_qkv_prepare = false;
+  const std::unique_ptr<Backend> other_be = cuda_backend_with(per_head_group);
+  Backend& other = *other_be;
   // 802/802: 2B's TTFT prefill (32 heads: 4 per warp); 32/8: 4B's 48 heads (6 per warp).
   for (const Case& c :
        {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf}, Case{{{5, 5}}, 4, 2, 64, bf},
@@ -263,7 +265,6 @@ TEST(GpuOps, TextQkvPrepare) {
     cg2.base = cache2.data;
     cpu().text_qkv_prepare(qkv.c, qnorm.c, knorm.c, 1e-6f, rope, t.bc, t.cc, layer, shape);
     cuda()->text_qkv_prepare(qkv.g, qnorm.g, knorm.g, 1e-6f, rope, t.bg, t.cg, layer, shape);
-    Backend& other = per_head_group_prepare();
     other.text_qkv_prepare(qkv2, qnorm.g, knorm.g, 1e-6f, rope, t.bg, cg2, layer, shape);
     // q columns of qkv (rotated in place)
     std::vector<float> a = download(*cuda(), qkv.g), e = download(cpu(), qkv.c), qa, qe;
@@ -307,10 +308,10 @@ TEST(GpuOps, TextQkvPrepare) {
   }
 }
 
-// `seqs`: (new rows, context after this step) per sequence. Prefill runs on every backend of
-// attention_gpus(); decode (which has no cluster split) on cuda() only.
+// `seqs`: (new rows, context after this step) per sequence; runs on every backend of `gpus`
+// (none: cuda() only).
 void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd,
-                        DType kv = DType::kBF16) {
+                        DType kv = DType::kBF16, const AttentionGpus* gpus = nullptr) {
   TextSetup t;
   setup_text(t, seqs, hkv, hd, 2, kv);
   const int n = t.num_tokens, layer = 1;
@@ -327,10 +328,8 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
   desc += seqs.size() > 6 ? ",..)" : ")";
   desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
   if (kv == DType::kF8E4M3) desc += " kv:fp8";
-  const bool decode = n == static_cast<int>(seqs.size());
-  std::vector<Gpu> gpus = attention_gpus();
-  if (decode) gpus.resize(1);
-  for (const Gpu& gpu : gpus) {
+  const std::vector<Gpu> only_cuda = {{"", cuda()}};
+  for (const Gpu& gpu : gpus ? gpus->list() : only_cuda) {
     // Rows a kernel fails to write keep 9.0 and fail the comparison.
     Tensor out_g = filled_output(t.s, {n, int64_t{hq} * hd}, 9.0f);
     gpu.be->text_attention(out_g, qkv.g, t.bg, t.cg, layer, shape, scale);
@@ -340,33 +339,36 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
 
 TEST(GpuOps, TextPrefillAttention) {
   QVL_REQUIRE_CUDA();
+  const AttentionGpus gpus;
   const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 40}, {70, 70}, {5, 300}, {130, 1000}};
-  run_text_attention("text_attention prefill", mixed, 16, 8, 128);
-  run_text_attention("text_attention prefill", {{64, 64}}, 32, 8, 128);
-  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64);
-  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40);  // generic kernel
-  run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kF8E4M3);
-  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kF8E4M3);
-  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kF8E4M3);
+  run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{64, 64}}, 32, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kBF16, &gpus);  // generic kernel
+  run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kF8E4M3, &gpus);
+  run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kF8E4M3, &gpus);
+  run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kF8E4M3, &gpus);
 }
 
 // The cluster key split (flash.cuh) at the context lengths around tile edges, alone and in one
 // batch, after cached context, with both caches and both head dims.
 TEST(GpuOps, TextPrefillAttentionSplit) {
   QVL_REQUIRE_CUDA();
+  const AttentionGpus gpus;
   const DType f8 = DType::kF8E4M3;
-  for (int ctx : {1, 63, 64, 65, 300, 900}) run_text_attention("text_attention prefill", {{ctx, ctx}}, 16, 8, 128);
+  for (int ctx : {1, 63, 64, 65, 300, 900})
+    run_text_attention("text_attention prefill", {{ctx, ctx}}, 16, 8, 128, DType::kBF16, &gpus);
   const std::vector<std::pair<int, int>> edges = {{1, 1}, {63, 63}, {64, 64}, {65, 65}, {300, 300}, {900, 900}};
-  run_text_attention("text_attention prefill", edges, 16, 8, 128);
-  run_text_attention("text_attention prefill", edges, 16, 8, 128, f8);
-  run_text_attention("text_attention prefill", {{300, 300}, {900, 900}}, 32, 8, 128);
+  run_text_attention("text_attention prefill", edges, 16, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", edges, 16, 8, 128, f8, &gpus);
+  run_text_attention("text_attention prefill", {{300, 300}, {900, 900}}, 32, 8, 128, DType::kBF16, &gpus);
   // chunked prefill: new rows after cached context
-  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128);
-  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128, f8);
-  run_text_attention("text_attention prefill", {{37, 301}, {64, 128}}, 16, 8, 128);
-  run_text_attention("text_attention prefill", {{65, 700}, {2, 64}, {129, 129}}, 16, 8, 128, f8);
-  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64);
-  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8);
+  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{200, 900}}, 16, 8, 128, f8, &gpus);
+  run_text_attention("text_attention prefill", {{37, 301}, {64, 128}}, 16, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{65, 700}, {2, 64}, {129, 129}}, 16, 8, 128, f8, &gpus);
+  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
+  run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8, &gpus);
 }
 
 TEST(GpuOps, TextDecodeAttention) {
