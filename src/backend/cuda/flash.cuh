@@ -220,6 +220,9 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   cluster_barrier();
   constexpr int RPR = BM / SPLIT, C4 = HD / 4;
   const int rank = static_cast<int>(blockIdx.x % SPLIT);
+  const float* peer[SPLIT];
+#pragma unroll
+  for (int s = 0; s < SPLIT; ++s) peer[s] = cluster_peer(part, static_cast<unsigned>(s));
   for (int it = threadIdx.x; it < RPR * C4; it += THREADS) {
     const int row = rank * RPR + it / C4, c = it % C4;
     if (row >= tile.qn) break;  // rows only grow with it
@@ -227,10 +230,9 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
     float4 os[SPLIT];
 #pragma unroll
     for (int s = 0; s < SPLIT; ++s) {
-      const float* peer = cluster_peer(part, static_cast<unsigned>(s));
-      ms[s] = peer[BM * OS + row];
-      ls[s] = peer[BM * OS + BM + row];
-      os[s] = *reinterpret_cast<const float4*>(peer + row * OS + 4 * c);
+      ms[s] = peer[s][BM * OS + row];
+      ls[s] = peer[s][BM * OS + BM + row];
+      os[s] = *reinterpret_cast<const float4*>(peer[s] + row * OS + 4 * c);
     }
     float mmax = ms[0];
 #pragma unroll
