@@ -388,30 +388,31 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
 }
 
 // ---------------------------------------------------------------- patchify RGB8
-// One thread per output element (writes coalesce; the image is small and read through L1/L2).
-// The value is image/preprocess.cpp's normalize_table entry: an exact subtraction, then a
-// correctly rounded division (explicit _rn intrinsics: nothing may contract or approximate).
+// One thread per (patch row, channel, pixel row): p bytes in (stride 3, through L1/L2), p values
+// out for each temporal copy (the p-element runs of consecutive threads are contiguous, so a
+// warp's stores coalesce). 32-bit index math (launch_patchify_rgb checks the sizes). The value
+// is image/preprocess.cpp's normalize_table entry: an exact subtraction, then a correctly
+// rounded division (explicit _rn intrinsics: nothing may contract or approximate).
 template <typename T>
-__global__ void patchify_rgb_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int64_t n) {
+__global__ void patchify_rgb_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int work) {
   grid_dep_wait();
   grid_dep_launch();
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  const int pp = p * p, cols = 3 * tps * pp, blocks_w = grid_w / m;
-  const int64_t row_stride = static_cast<int64_t>(grid_w) * p * 3;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t row = i / cols;
-    const int col = static_cast<int>(i - row * cols);
-    const int c = col / (tps * pp), in_plane = col % pp;  // the temporal copy (col / pp % tps) is the same
-    const int py = in_plane / p, px = in_plane % p;
-    const int wi = static_cast<int>(row % m), hi = static_cast<int>(row / m % m);
-    const int64_t block = row / (m * m);
-    const int wb = static_cast<int>(block % blocks_w), hb = static_cast<int>(block / blocks_w);
-    const int64_t y = static_cast<int64_t>(hb * m + hi) * p + py, x = static_cast<int64_t>(wb * m + wi) * p + px;
-    const float v = __fdiv_rn(__fsub_rn(static_cast<float>(rgb[y * row_stride + x * 3 + c]), 127.5f), 127.5f);
-    if constexpr (std::is_same_v<T, float>)
-      out[i] = v;
-    else
-      out[i] = f32_to_bf16_bits(v);
+  const int blocks_w = grid_w / m, row_stride = grid_w * p * 3, pp = p * p;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < work; i += gridDim.x * blockDim.x) {
+    const int py = i % p, c = i / p % 3, row = i / (3 * p);
+    const int wi = row % m, hi = row / m % m, block = row / (m * m);
+    const int wb = block % blocks_w, hb = block / blocks_w;
+    const uint8_t* src = rgb + ((hb * m + hi) * p + py) * row_stride + (wb * m + wi) * p * 3 + c;
+    T* dst = out + static_cast<int64_t>(row) * 3 * tps * pp + c * tps * pp + py * p;
+    for (int px = 0; px < p; ++px) {
+      const float v = __fdiv_rn(__fsub_rn(static_cast<float>(src[3 * px]), 127.5f), 127.5f);
+      for (int t = 0; t < tps; ++t) {
+        if constexpr (std::is_same_v<T, float>)
+          dst[t * pp + px] = v;
+        else
+          dst[t * pp + px] = f32_to_bf16_bits(v);
+      }
+    }
   }
 }
 
@@ -424,14 +425,16 @@ void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb
   QVL_CHECK(rgb.dtype == DType::kU8 && rgb.numel() == rows * patch * patch * 3)
       << "patchify_rgb: " << rgb.describe() << " for a " << grid_h << "x" << grid_w << " grid of patch " << patch;
   QVL_CHECK(out.ndim == 2 && out.dim(0) == rows && out.dim(1) == cols) << "patchify_rgb into " << out.describe();
-  const int64_t n = rows * cols;
-  const dim3 grid(grid_for(n, 256, ctx.num_sms));
+  QVL_CHECK(rows * cols < (int64_t{1} << 31) && rgb.numel() < (int64_t{1} << 31))
+      << "patchify_rgb: " << rows << " patches of " << cols << " values is over the kernel's 32-bit indexing";
+  const int work = static_cast<int>(rows * 3 * patch);  // (patch row, channel, pixel row)
+  const dim3 grid(grid_for(work, 256, ctx.num_sms));
   if (out.dtype == DType::kBF16)
     launch(ctx, "patchify_rgb", patchify_rgb_kernel<uint16_t>, grid, dim3(256), 0, out.as<uint16_t>(),
-           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, n);
+           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
   else if (out.dtype == DType::kF32)
     launch(ctx, "patchify_rgb", patchify_rgb_kernel<float>, grid, dim3(256), 0, out.as<float>(),
-           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, n);
+           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
   else
     QVL_CHECK(false) << "patchify_rgb into " << out.describe() << ": F32 or BF16 only";
 }
