@@ -21,6 +21,7 @@
 
 #include "engine/factory.h"
 #include "engine/qwen3vl_runner.h"
+#include "image/image.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/runner.h"
@@ -154,6 +155,49 @@ TEST(EngineModel, GreedyTokensEqualTheSequenceRunner) {
   auto engine = make_tiny_engine(4, 16, 64);
   auto got = run_all(*engine, {req});
   EXPECT_EQ(got[0], sequence_runner_greedy(req));
+}
+
+// The same images as RGB bytes (what the server sends) and as their f32 pixel values give the
+// same tokens; RGB bytes of the wrong size are a clear error for that request, not a crash.
+TEST(EngineModel, RgbImagesGiveThePixelValuesTokens) {
+  const VisionConfig& vc = tiny().cfg.vision;
+  std::vector<PreparedImage> rgb_images, px_images;
+  std::mt19937 gen(4);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto [h, w] : {std::pair{4, 6}, std::pair{2, 4}}) {
+    PreparedImage rgb;
+    rgb.grid_h = h;
+    rgb.grid_w = w;
+    rgb.rgb.resize(static_cast<size_t>(h * vc.patch_size) * w * vc.patch_size * 3);
+    for (uint8_t& b : rgb.rgb) b = static_cast<uint8_t>(byte(gen));
+    PreparedImage px = rgb;
+    px.rgb.clear();
+    px.pixel_values.resize(static_cast<size_t>(h) * w * vc.patch_dim());
+    image::patchify_into(rgb.rgb.data(), h * vc.patch_size, w * vc.patch_size, vc.patch_size, vc.spatial_merge_size,
+                         vc.temporal_patch_size, px.pixel_values.data());
+    rgb_images.push_back(std::move(rgb));
+    px_images.push_back(std::move(px));
+  }
+  auto engine = make_tiny_engine(2, 16, 64);
+  const auto got = run_all(*engine, {make_request(rgb_images, 5, 8), make_request(px_images, 5, 8)});
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0].size(), 8u);
+
+  GenerationRequest bad = make_request(rgb_images, 5, 8);
+  bad.images[1].rgb.pop_back();
+  auto stream = engine->submit(bad);
+  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  std::optional<GenerationEvent> last;
+  for (int i = 0; i < 2000 && !(last && last->kind == GenerationEvent::Kind::kFinished); ++i) {
+    auto ev = (*stream)->next(50ms);
+    if (ev) last = std::move(ev);
+  }
+  ASSERT_TRUE(last && last->kind == GenerationEvent::Kind::kFinished);
+  EXPECT_EQ(last->finish_reason, FinishReason::kError);
+  const std::string says = "image rgb holds " + std::to_string(bad.images[1].rgb.size()) + " bytes";
+  EXPECT_NE(last->error.message().find(says), std::string::npos) << last->error.to_string();
+  // And the engine keeps serving.
+  EXPECT_EQ(run_all(*engine, {make_request(px_images, 5, 8)})[0], got[1]);
 }
 
 TEST(EngineModel, SameTokensAloneAndInsideABusyBatch) {
