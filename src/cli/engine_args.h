@@ -29,7 +29,7 @@ struct EngineArgs {
   int offload_layers = 0;         // decoder layers kept in host memory (memory/offload.h)
   bool fp8 = false;               // block-FP8 text Linears (quantized at load from BF16: memory/quantize.h)
   bool auto_fit = false;          // apply memory/planner.h auto_fit() when the plan does not fit
-  std::string fp8_gemm = "w8a8";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
+  std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
 };
 
 // Adds the flags to `app`.
