@@ -65,6 +65,8 @@ struct BenchOptions {
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split]]"
   bool fused_decode = false;
+  bool no_cluster_attention = false;  // A/B: one block per query tile in vision / prefill attention
+  bool no_token_prepare = false;      // A/B: text_qkv_prepare's per-8-heads kernel
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -223,6 +225,8 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
     }
     opts.fused_decode = o.fused_decode;
+    opts.cluster_attention = !o.no_cluster_attention;
+    opts.token_qkv_prepare = !o.no_token_prepare;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -635,6 +639,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--threads", o->threads, "CPU backend threads (0 = all)");
   app.add_option("--repeat", o->repeat, "Timed runs of vision and TTFT; medians are reported (5)");
   app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
+  app.add_flag("--no-cluster-attention", o->no_cluster_attention,
+               "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
+  app.add_flag("--no-token-prepare", o->no_token_prepare,
+               "CUDA A/B: text_qkv_prepare with its per-8-heads kernel instead of one block per token");
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
