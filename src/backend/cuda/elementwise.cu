@@ -227,8 +227,8 @@ __global__ void epilogue_kernel(bf16* out, const bf16* residual, int64_t total, 
 // 16 weights per thread-iteration (one 16-byte load, two 16-byte stores, one scale: 16 divides
 // the 128-wide scale blocks) with 32-bit index math inside the chunk; the scalar kernel below
 // takes shapes this one cannot (columns or block not a multiple of 16, unaligned pointers).
-__global__ void dequant_fp8_vec_kernel(bf16* dst, const uint8_t* w8, const float* scale, int64_t r0, int rows,
-                                       int cols, int scale_cols, int rows_per_scale, int block) {
+__global__ void dequant_fp8_vec_kernel(bf16* dst, const uint8_t* w8, const float* scale, int64_t r0, int rows, int cols,
+                                       int scale_cols, int rows_per_scale, int block) {
   grid_dep_wait();
   grid_dep_launch();
   const int vpr = cols / 16, total = rows * vpr;
@@ -419,31 +419,65 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
 }
 
 // ---------------------------------------------------------------- patchify RGB8
-// One thread per (patch row, channel, pixel row): p bytes in (stride 3, through L1/L2), p values
-// out for each temporal copy (the p-element runs of consecutive threads are contiguous, so a
-// warp's stores coalesce). 32-bit index math (launch_patchify_rgb checks the sizes). The value
-// is image/preprocess.cpp's normalize_table entry: an exact subtraction, then a correctly
-// rounded division (explicit _rn intrinsics: nothing may contract or approximate).
+// One thread per 8 consecutive outputs (patch row, channel, pixel row, 8 pixels): 8 bytes in
+// (stride 3, through L1/L2), one 16-byte store (BF16; two for F32) per temporal copy, so a
+// warp's stores are contiguous. Needs patch % 8 == 0 (Qwen-VL's 14 and 16: 16 only; 14 takes
+// the generic path, one element per thread). 32-bit indexing (launch_patchify_rgb checks the
+// sizes). The value is image/preprocess.cpp's normalize_table entry: an exact subtraction, then
+// a correctly rounded division (explicit _rn intrinsics: nothing may contract or approximate).
+__device__ __forceinline__ float normalize_u8(uint8_t v) {
+  return __fdiv_rn(__fsub_rn(static_cast<float>(v), 127.5f), 127.5f);
+}
+__device__ __forceinline__ void patch_origin(int row, int grid_w, int p, int m, int& y0, int& x0) {
+  const int wi = row % m, hi = row / m % m, block = row / (m * m), blocks_w = grid_w / m;
+  y0 = (block / blocks_w * m + hi) * p;
+  x0 = (block % blocks_w * m + wi) * p;
+}
 template <typename T>
-__global__ void patchify_rgb_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int work) {
+__global__ void patchify_rgb8_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int work) {
   grid_dep_wait();
   grid_dep_launch();
-  const int blocks_w = grid_w / m, row_stride = grid_w * p * 3, pp = p * p;
+  const int row_stride = grid_w * p * 3, pp = p * p, groups = p / 8;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < work; i += gridDim.x * blockDim.x) {
-    const int py = i % p, c = i / p % 3, row = i / (3 * p);
-    const int wi = row % m, hi = row / m % m, block = row / (m * m);
-    const int wb = block % blocks_w, hb = block / blocks_w;
-    const uint8_t* src = rgb + ((hb * m + hi) * p + py) * row_stride + (wb * m + wi) * p * 3 + c;
-    T* dst = out + static_cast<int64_t>(row) * 3 * tps * pp + c * tps * pp + py * p;
-    for (int px = 0; px < p; ++px) {
-      const float v = __fdiv_rn(__fsub_rn(static_cast<float>(src[3 * px]), 127.5f), 127.5f);
-      for (int t = 0; t < tps; ++t) {
-        if constexpr (std::is_same_v<T, float>)
-          dst[t * pp + px] = v;
-        else
-          dst[t * pp + px] = f32_to_bf16_bits(v);
+    const int g = i % groups, py = i / groups % p, c = i / (groups * p) % 3, row = i / (groups * p * 3);
+    int y0, x0;
+    patch_origin(row, grid_w, p, m, y0, x0);
+    const uint8_t* src = rgb + (y0 + py) * row_stride + (x0 + 8 * g) * 3 + c;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = normalize_u8(src[3 * e]);
+    T* dst = out + static_cast<int64_t>(row) * 3 * tps * pp + c * tps * pp + py * p + 8 * g;
+    for (int t = 0; t < tps; ++t) {
+      if constexpr (std::is_same_v<T, float>) {
+        reinterpret_cast<float4*>(dst + t * pp)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(dst + t * pp)[1] = make_float4(v[4], v[5], v[6], v[7]);
+      } else {
+        uint4 o;
+        o.x = f32_to_bf16_bits(v[0]) | (uint32_t{f32_to_bf16_bits(v[1])} << 16);
+        o.y = f32_to_bf16_bits(v[2]) | (uint32_t{f32_to_bf16_bits(v[3])} << 16);
+        o.z = f32_to_bf16_bits(v[4]) | (uint32_t{f32_to_bf16_bits(v[5])} << 16);
+        o.w = f32_to_bf16_bits(v[6]) | (uint32_t{f32_to_bf16_bits(v[7])} << 16);
+        *reinterpret_cast<uint4*>(dst + t * pp) = o;
       }
     }
+  }
+}
+// Any patch size: one thread per output element.
+template <typename T>
+__global__ void patchify_rgb_kernel(T* out, const uint8_t* rgb, int grid_w, int p, int m, int tps, int n) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int pp = p * p, cols = 3 * tps * pp, row_stride = grid_w * p * 3;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int row = i / cols, col = i % cols;
+    const int c = col / (tps * pp), in_plane = col % pp;  // the temporal copy (col / pp % tps) is the same
+    int y0, x0;
+    patch_origin(row, grid_w, p, m, y0, x0);
+    const float v = normalize_u8(rgb[(y0 + in_plane / p) * row_stride + (x0 + in_plane % p) * 3 + c]);
+    if constexpr (std::is_same_v<T, float>)
+      out[i] = v;
+    else
+      out[i] = f32_to_bf16_bits(v);
   }
 }
 
@@ -458,14 +492,15 @@ void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb
   QVL_CHECK(out.ndim == 2 && out.dim(0) == rows && out.dim(1) == cols) << "patchify_rgb into " << out.describe();
   QVL_CHECK(rows * cols < (int64_t{1} << 31) && rgb.numel() < (int64_t{1} << 31))
       << "patchify_rgb: " << rows << " patches of " << cols << " values is over the kernel's 32-bit indexing";
-  const int work = static_cast<int>(rows * 3 * patch);  // (patch row, channel, pixel row)
+  const bool vec = patch % 8 == 0 && reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
+  const int work = static_cast<int>(vec ? rows * 3 * patch * (patch / 8) : rows * cols);
   const dim3 grid(grid_for(work, 256, ctx.num_sms));
   if (out.dtype == DType::kBF16)
-    launch(ctx, "patchify_rgb", patchify_rgb_kernel<uint16_t>, grid, dim3(256), 0, out.as<uint16_t>(),
-           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
+    launch(ctx, "patchify_rgb", vec ? patchify_rgb8_kernel<uint16_t> : patchify_rgb_kernel<uint16_t>, grid, dim3(256),
+           0, out.as<uint16_t>(), rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
   else if (out.dtype == DType::kF32)
-    launch(ctx, "patchify_rgb", patchify_rgb_kernel<float>, grid, dim3(256), 0, out.as<float>(),
-           rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
+    launch(ctx, "patchify_rgb", vec ? patchify_rgb8_kernel<float> : patchify_rgb_kernel<float>, grid, dim3(256), 0,
+           out.as<float>(), rgb.as<const uint8_t>(), grid_w, patch, merge, temporal, work);
   else
     QVL_CHECK(false) << "patchify_rgb into " << out.describe() << ": F32 or BF16 only";
 }
