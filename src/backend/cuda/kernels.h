@@ -144,12 +144,11 @@ struct SkinnyPrologue {
 inline constexpr int kFusedPrologueMaxRows = 8;
 // The prologue's x lives in shared memory (n x K BF16, beside the kernel's own 4.6 KiB).
 inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
-// Every block of the Linear recomputes the prologue: past many waves of blocks (lm_head: 9496
+// Every block of the Linear recomputes the prologue: past a few waves of blocks (lm_head: 9496
 // row tiles) a separate RMSNorm launch costs less (measured: lm_head + norm 172 us fused, 140 us
-// alone on an H200). Up to 16 tiles per SM it still pays: 4B's gate_up (1216 tiles on 132 SMs)
-// ran its RMSNorm as a separate launch under the earlier bound of 8 (9.5 us per layer, eager).
+// alone on an H200).
 inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
-  return (out_features + 15) / 16 <= 16LL * num_sms;
+  return (out_features + 15) / 16 <= 8LL * num_sms;
 }
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
