@@ -12,8 +12,11 @@
 namespace qvl::cuda {
 namespace {
 
-constexpr int kVisionWarps = 8;
-constexpr int kBM = 16 * kVisionWarps;
+// 4 warps of two 16-row m-tiles each (every K/V fragment read from shared memory feeds two
+// mmas; measured against 8 warps of one m-tile: CUDA_PERF_NOTES.md).
+constexpr int kVisionWarps = 4;
+constexpr int kVisionMT = 2;
+constexpr int kBM = 16 * kVisionWarps * kVisionMT;
 constexpr int kVisionSplit = 2;
 
 template <int HD>
@@ -58,12 +61,12 @@ struct SegmentPolicy {
 
 template <int HD, int SPLIT>
 constexpr auto kernel() {
-  return flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2, SPLIT>;
+  return flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2, SPLIT, kVisionMT>;
 }
 
 template <int HD>
 void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
-  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps>();
+  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps, kVisionMT>();
   const float scale_log2 = scale * 1.4426950408889634f;
   if (ctx.clusters) {
     launch_clustered(ctx, "vision_attention", kVisionSplit, kernel<HD, kVisionSplit>(),
@@ -76,7 +79,7 @@ void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm
 
 template <int HD>
 void configure() {
-  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kVisionWarps>());
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kVisionWarps, kVisionMT>());
   QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, 1>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, kVisionSplit>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }

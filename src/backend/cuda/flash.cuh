@@ -2,7 +2,8 @@
 // the vision encoder (packed qkv, per-segment, non-causal) and text prefill (K/V from the paged
 // cache, causal). Included only by attention_*.cu.
 //
-// A block owns BM = 16·WARPS query rows of one head; warp w owns rows [16w, 16w+16). Key
+// A block owns BM = 16·WARPS·MT query rows of one head; warp w owns rows [16·MT·w, 16·MT·(w+1))
+// as MT m-tiles of 16 (MT = 2 reuses every K/V fragment for two mmas). Key
 // tiles of 64 rows stream through a two-stage cp.async ring in shared memory; S = Q·Kᵀ stays
 // in registers, the softmax is online (running max m and sum l per row, in the log2 domain),
 // P is rounded to BF16 and multiplied by V from the same registers (the S accumulator layout
@@ -62,16 +63,17 @@ constexpr int partial_pitch() {
   return HD + (8 - HD % 16 + 16) % 16;
 }
 // A split partial: O [BM][pitch], then m [BM] and l [BM], all fp32, over the Q/K/V tiles.
-template <int HD, int WARPS>
+template <int HD, int WARPS, int MT = 1>
 constexpr size_t partial_bytes() {
-  return static_cast<size_t>(16 * WARPS) * (partial_pitch<HD>() + 2) * sizeof(float);
+  return static_cast<size_t>(16 * WARPS * MT) * (partial_pitch<HD>() + 2) * sizeof(float);
 }
 
-template <int HD, int WARPS>
+// MT: 16-row m-tiles per warp (BM = 16·WARPS·MT).
+template <int HD, int WARPS, int MT = 1>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
-  const size_t tiles = static_cast<size_t>(16 * WARPS + 4 * D::BN) * D::SK * sizeof(bf16);
-  return tiles > partial_bytes<HD, WARPS>() ? tiles : partial_bytes<HD, WARPS>();
+  const size_t tiles = static_cast<size_t>(16 * WARPS * MT + 4 * D::BN) * D::SK * sizeof(bf16);
+  return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
 // Cluster primitives (sm_90+; the kernels that use them are never launched below, and compile
@@ -196,10 +198,11 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // Writes this block's partial (O, m, l of its key share) to shared memory, waits for the
 // cluster, merges its slice of rows from every rank and writes them; see the header.
-template <int HD, int WARPS, int SPLIT, class P, int NO>
+template <int HD, int WARPS, int SPLIT, class P, int MT, int NO>
 __device__ __forceinline__ void merge_split(const typename P::Params& prm, const Tile& tile, float* part,
-                                            const float (&o)[NO][4], const float (&m)[2], const float (&l)[2]) {
-  constexpr int BM = 16 * WARPS, OS = partial_pitch<HD>(), THREADS = WARPS * 32;
+                                            const float (&o)[MT][NO][4], const float (&m)[MT][2],
+                                            const float (&l)[MT][2]) {
+  constexpr int BM = 16 * WARPS * MT, OS = partial_pitch<HD>(), THREADS = WARPS * 32;
   static_assert(BM % SPLIT == 0, "rows must divide evenly over the split");
   float* pm = part + BM * OS;
   float* pl = pm + BM;
@@ -207,16 +210,19 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   const int g = lane >> 2, t = lane & 3;
   __syncthreads();  // every warp is done with the Q/K/V tiles this partial overwrites
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + g + r * 8;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < NO; ++n)
-      *reinterpret_cast<float2*>(part + row * OS + n * 8 + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-    if (t == 0) {
-      pm[row] = m[r];
-      pl[row] = l[r];
+    for (int r = 0; r < 2; ++r) {
+      const int row = (warp * MT + mt) * 16 + g + r * 8;
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+        *reinterpret_cast<float2*>(part + row * OS + n * 8 + 2 * t) =
+            make_float2(o[mt][n][2 * r], o[mt][n][2 * r + 1]);
+      if (t == 0) {
+        pm[row] = m[mt][r];
+        pl[row] = l[mt][r];
+      }
     }
-  }
   cluster_barrier();
   constexpr int RPR = BM / SPLIT, C4 = HD / 4;
   const int rank = static_cast<int>(blockIdx.x % SPLIT);
@@ -258,10 +264,10 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   cluster_barrier();  // the other ranks have read this block's partial before it exits
 }
 
-template <int HD, int WARPS, class P, int SPLIT>
+template <int HD, int WARPS, class P, int SPLIT, int MT>
 __device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
-  constexpr int BM = 16 * WARPS, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
+  constexpr int BM = 16 * WARPS * MT, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
   extern __shared__ uint4 smem_raw[];
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK]
   bf16* sk = sq + BM * SK;                       // [2][BN][SK]
@@ -307,14 +313,22 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   }
   cp_async_commit();
 
-  float o[D::NO][4];
+  // Warp w owns m-tiles w·MT .. w·MT + MT − 1 (16 rows each): every K/V fragment it loads from
+  // shared memory feeds MT mmas.
+  float o[MT][D::NO][4], m[MT][2], l[MT][2];
 #pragma unroll
-  for (int n = 0; n < D::NO; ++n)
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  uint32_t qf[D::KS][4];
-  const int row_lo = warp * 16 + g;  // tile rows of this thread: row_lo and row_lo + 8
+    for (int n = 0; n < D::NO; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+  uint32_t qf[MT][D::KS][4];
+  const int warp_row0 = warp * MT * 16;  // first tile row of this warp
+  // tile rows of this thread in m-tile mt: row_lo(mt) and row_lo(mt) + 8
+  auto row_lo = [&](int mt) { return warp_row0 + mt * 16 + g; };
 
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
@@ -323,18 +337,22 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     __syncthreads();
     if (kt == kt_begin) {
 #pragma unroll
-      for (int ks = 0; ks < D::KS; ++ks)
-        ldmatrix_x4(qf[ks], sq + (warp * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < D::KS; ++ks)
+          ldmatrix_x4(qf[mt][ks], sq + (warp_row0 + mt * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
     }
     const bf16* kb = sk + (kt & 1) * BN * SK;
     const bf16* vb = sv + (kt & 1) * BN * SK;
 
     // S = Q·Kᵀ for 64 keys: 8 n-tiles of 8 keys.
-    float s[8][4];
+    float s[MT][8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < D::KS; ++ks) {
 #pragma unroll
@@ -343,8 +361,11 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         // matrices: (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15)
         const int mi = lane >> 3;
         ldmatrix_x4(b, kb + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * SK + ks * 16 + (mi & 1) * 8);
-        mma(s[2 * np], qf[ks], b[0], b[1]);
-        mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
+          mma(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+        }
       }
     }
 
@@ -352,57 +373,60 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     // the raw scores scales to the max of the scaled ones) and sum; p = exp2(s * scale - m) is
     // one FFMA and one EX2. Only a tile that reaches past the keys or past this warp's first
     // row's causal limit needs the mask.
-    float mx[2] = {-INFINITY, -INFINITY};
-    const bool masked = (kt + 1) * BN > tile.kn || (kt + 1) * BN - 1 > warp * 16 + tile.causal_offset;
-    if (masked) {
+    const bool masked = (kt + 1) * BN > tile.kn || (kt + 1) * BN - 1 > warp_row0 + tile.causal_offset;
+    uint32_t pf[MT][4][4];  // P as A fragments: k-step kk = n-tiles 2kk, 2kk+1
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (masked) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kt * BN + n * 8 + 2 * t + (e & 1);
+            const int row = row_lo(mt) + (e >> 1) * 8;
+            const bool visible = key < tile.kn && key <= row + tile.causal_offset;
+            s[mt][n][e] = visible ? s[mt][n][e] : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+      }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[mt][r], mx[r] * scale_log2);
+        // A row that has seen no visible key yet keeps m = -inf; use 0 as its base (all p = 0).
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[r] = exp2_ftz(m[mt][r] - base);
+        m[mt][r] = m_new;
+        mx[r] = -base;
+        l[mt][r] *= alpha[r];
+      }
+#pragma unroll
+      for (int n = 0; n < D::NO; ++n) {
+        o[mt][n][0] *= alpha[0];
+        o[mt][n][1] *= alpha[0];
+        o[mt][n][2] *= alpha[1];
+        o[mt][n][3] *= alpha[1];
+      }
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
+        float p[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = kt * BN + n * 8 + 2 * t + (e & 1);
-          const int row = row_lo + (e >> 1) * 8;
-          const bool visible = key < tile.kn && key <= row + tile.causal_offset;
-          s[n][e] = visible ? s[n][e] : -INFINITY;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+          p[e] = exp2_ftz(fmaf(s[mt][n][e], scale_log2, mx[e >> 1]));
+          l[mt][e >> 1] += p[e];
         }
+        pf[mt][n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p[0], p[1]);
+        pf[mt][n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
       }
-    } else {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-    }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * scale_log2);
-      // A row that has seen no visible key yet keeps m = -inf; use 0 as its base (all p = 0).
-      const float base = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2_ftz(m[r] - base);
-      m[r] = m_new;
-      mx[r] = -base;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < D::NO; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    uint32_t pf[4][4];  // P as A fragments: k-step kk = n-tiles 2kk, 2kk+1
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = exp2_ftz(fmaf(s[n][e], scale_log2, mx[e >> 1]));
-        l[e >> 1] += p[e];
-      }
-      pf[n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p[0], p[1]);
-      pf[n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
     }
 
     // O += P·V: k-steps over 16 keys, n-tiles over 8 output dims.
@@ -414,14 +438,18 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         uint32_t b[4];
         // matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
         ldmatrix_x4_trans(b, vb + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * SK + n * 8 + (mi >> 1) * 8);
-        mma(o[n], pf[kk], b[0], b[1]);
-        mma(o[n + 1], pf[kk], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(o[mt][n], pf[mt][kk], b[0], b[1]);
+          mma(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
+        }
       }
       if (D::NO % 2 == 1) {
         constexpr int n = D::NO - 1;
         uint32_t b[2];
         ldmatrix_x2_trans(b, vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SK + n * 8);
-        mma(o[n], pf[kk], b[0], b[1]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma(o[mt][n], pf[mt][kk], b[0], b[1]);
       }
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -430,37 +458,41 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
 
   // Finish the row sums across the 4 lanes of a row, normalise, store.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  if constexpr (SPLIT > 1) {
-    merge_split<HD, WARPS, SPLIT, P>(prm, tile, reinterpret_cast<float*>(smem_raw), o, m, l);
-  } else {
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = row_lo + r * 8;
-      if (row >= tile.qn) continue;
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      bf16* out = P::o_row(prm, tile, row);
-#pragma unroll
-      for (int n = 0; n < D::NO; ++n) {
-        *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) =
-            __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      }
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
     }
+  if constexpr (SPLIT > 1) {
+    merge_split<HD, WARPS, SPLIT, P, MT>(prm, tile, reinterpret_cast<float*>(smem_raw), o, m, l);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row_lo(mt) + r * 8;
+        if (row >= tile.qn) continue;
+        const float inv = l[mt][r] > 0.0f ? 1.0f / l[mt][r] : 0.0f;
+        bf16* out = P::o_row(prm, tile, row);
+#pragma unroll
+        for (int n = 0; n < D::NO; ++n) {
+          *reinterpret_cast<bf162*>(out + n * 8 + 2 * t) =
+              __floats2bfloat162_rn(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+        }
+      }
   }
 }
 
 // MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__). SPLIT:
 // blocks per cluster sharing one query tile (1: no cluster). A SPLIT > 1 kernel compiles to
 // nothing below sm_90 (the host never launches it there).
-template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1>
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
   if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
     return;
   } else {
-    flash_body<HD, WARPS, P, SPLIT>(prm, scale_log2);
+    flash_body<HD, WARPS, P, SPLIT, MT>(prm, scale_log2);
   }
 }
 
