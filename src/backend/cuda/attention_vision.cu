@@ -12,11 +12,12 @@
 namespace qvl::cuda {
 namespace {
 
-// 4 warps of two 16-row m-tiles each (every K/V fragment read from shared memory feeds two
-// mmas; measured against 8 warps of one m-tile: CUDA_PERF_NOTES.md).
-constexpr int kVisionWarps = 4;
-constexpr int kVisionMT = 2;
-constexpr int kBM = 16 * kVisionWarps * kVisionMT;
+// 128 query rows per block, as 4 warps of two 16-row m-tiles (every K/V fragment read from
+// shared memory feeds two mmas; the default) or 8 warps of one (LaunchContext::vision_mt = 1,
+// for A/B: CUDA_PERF_NOTES.md).
+constexpr int kBM = 128;
+template <int MT>
+constexpr int kVisionWarps = kBM / (16 * MT);
 constexpr int kVisionSplit = 2;
 
 template <int HD>
@@ -59,29 +60,44 @@ struct SegmentPolicy {
   }
 };
 
-template <int HD, int SPLIT>
+template <int HD, int SPLIT, int MT>
 constexpr auto kernel() {
-  return flash::flash_kernel<HD, kVisionWarps, SegmentPolicy<HD>, 2, SPLIT, kVisionMT>;
+  return flash::flash_kernel<HD, kVisionWarps<MT>, SegmentPolicy<HD>, 2, SPLIT, MT>;
 }
 
-template <int HD>
-void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
-  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps, kVisionMT>();
+template <int HD, int MT>
+void run_mt(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
+  constexpr size_t smem = flash::smem_bytes<HD, kVisionWarps<MT>, MT>();
   const float scale_log2 = scale * 1.4426950408889634f;
   if (ctx.clusters) {
-    launch_clustered(ctx, "vision_attention", kVisionSplit, kernel<HD, kVisionSplit>(),
-                     dim3(tiles * kVisionSplit, prm.heads), dim3(kVisionWarps * 32), smem, prm, scale_log2);
+    launch_clustered(ctx, "vision_attention", kVisionSplit, kernel<HD, kVisionSplit, MT>(),
+                     dim3(tiles * kVisionSplit, prm.heads), dim3(kVisionWarps<MT> * 32), smem, prm, scale_log2);
   } else {
-    launch(ctx, "vision_attention", kernel<HD, 1>(), dim3(tiles, prm.heads), dim3(kVisionWarps * 32), smem, prm,
+    launch(ctx, "vision_attention", kernel<HD, 1, MT>(), dim3(tiles, prm.heads), dim3(kVisionWarps<MT> * 32), smem, prm,
            scale_log2);
   }
 }
 
 template <int HD>
+void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
+  if (ctx.vision_mt == 1)
+    run_mt<HD, 1>(ctx, prm, tiles, scale);
+  else
+    run_mt<HD, 2>(ctx, prm, tiles, scale);
+}
+
+template <int HD, int MT>
+void configure_mt() {
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kVisionWarps<MT>, MT>());
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, 1, MT>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel<HD, kVisionSplit, MT>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+}
+
+template <int HD>
 void configure() {
-  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kVisionWarps, kVisionMT>());
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, 1>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(kernel<HD, kVisionSplit>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  configure_mt<HD, 1>();
+  configure_mt<HD, 2>();
 }
 
 }  // namespace

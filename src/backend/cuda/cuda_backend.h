@@ -75,6 +75,10 @@ struct CudaBackendOptions {
   // of a warp's heads loaded at once). Off: the one-block-per-8-heads kernel every head dim can
   // use. Both write the same bits (the GPU test compares them).
   bool token_qkv_prepare = true;
+  // Vision attention: 16-row m-tiles per warp, 2 (4 warps per 128-row block, each K/V fragment
+  // feeding two mmas) or 1 (8 warps). The same bits either way: a row's arithmetic does not
+  // depend on which warp does it (the GPU test compares them).
+  int vision_attention_mt = 2;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -216,8 +216,7 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
       const int row = (warp * MT + mt) * 16 + g + r * 8;
 #pragma unroll
       for (int n = 0; n < NO; ++n)
-        *reinterpret_cast<float2*>(part + row * OS + n * 8 + 2 * t) =
-            make_float2(o[mt][n][2 * r], o[mt][n][2 * r + 1]);
+        *reinterpret_cast<float2*>(part + row * OS + n * 8 + 2 * t) = make_float2(o[mt][n][2 * r], o[mt][n][2 * r + 1]);
       if (t == 0) {
         pm[row] = m[mt][r];
         pl[row] = l[mt][r];
