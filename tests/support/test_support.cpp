@@ -70,7 +70,14 @@ std::string tokenizer_dir() {
 }
 
 std::string qvl_binary() {
-  return QVL_BINARY;
+  // A carried test binary (build-dev/qvl_gpu_tests on the GPU machine) finds the qvl beside it.
+  static const std::string path = [] {
+    if (std::filesystem::exists(QVL_BINARY)) return std::string(QVL_BINARY);
+    std::error_code ec;
+    const std::filesystem::path beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "qvl";
+    return !ec && std::filesystem::exists(beside) ? beside.string() : std::string(QVL_BINARY);
+  }();
+  return path;
 }
 
 CommandResult run_command(const std::string& command_line) {
