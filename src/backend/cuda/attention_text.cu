@@ -279,14 +279,16 @@ int prefill_split(const LaunchContext& ctx, int max_context) {
   return tiles <= kPrefillMaxKeyTiles ? 1 : tiles <= 2 * kPrefillMaxKeyTiles ? 2 : 4;
 }
 
-template <int HD, bool kFp8Kv, int SPLIT>
+// QA (LaunchContext::prefill_q_alias): Q shares a K stage (flash.cuh), 3 blocks per SM instead
+// of the 2 that shared memory allowed.
+template <int HD, bool kFp8Kv, int SPLIT, bool QA>
 constexpr auto prefill_kernel() {
-  return flash::flash_kernel<HD, kPrefillWarps, Bound<HD, Paged<kFp8Kv>>, 1, SPLIT>;
+  return flash::flash_kernel < HD, kPrefillWarps, Bound<HD, Paged<kFp8Kv>>, QA ? 3 : 1, SPLIT, 1, QA > ;
 }
 
-template <int HD, bool kFp8Kv>
-void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
-  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps>();
+template <int HD, bool kFp8Kv, bool QA>
+void run_prefill_qa(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
+  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps, 1, QA>();
   // One query tile per 64 rows of each sequence: at most num_tokens / 64 + one partial tile per
   // sequence (blocks past the last tile return).
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
@@ -294,24 +296,38 @@ void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_token
   const float scale_log2 = scale * 1.4426950408889634f;
   const char* name = "text_prefill_attention";
   if (split == 4)
-    launch_clustered(ctx, name, 4, prefill_kernel<HD, kFp8Kv, 4>(), dim3(tiles * 4, prm.hq), block, smem, prm,
+    launch_clustered(ctx, name, 4, prefill_kernel<HD, kFp8Kv, 4, QA>(), dim3(tiles * 4, prm.hq), block, smem, prm,
                      scale_log2);
   else if (split == 2)
-    launch_clustered(ctx, name, 2, prefill_kernel<HD, kFp8Kv, 2>(), dim3(tiles * 2, prm.hq), block, smem, prm,
+    launch_clustered(ctx, name, 2, prefill_kernel<HD, kFp8Kv, 2, QA>(), dim3(tiles * 2, prm.hq), block, smem, prm,
                      scale_log2);
   else
-    launch(ctx, name, prefill_kernel<HD, kFp8Kv, 1>(), dim3(tiles, prm.hq), block, smem, prm, scale_log2);
+    launch(ctx, name, prefill_kernel<HD, kFp8Kv, 1, QA>(), dim3(tiles, prm.hq), block, smem, prm, scale_log2);
+}
+
+template <int HD, bool kFp8Kv>
+void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
+  if (ctx.prefill_q_alias)
+    run_prefill_qa<HD, kFp8Kv, true>(ctx, prm, num_tokens, split, scale);
+  else
+    run_prefill_qa<HD, kFp8Kv, false>(ctx, prm, num_tokens, split, scale);
+}
+
+template <int HD, bool kFp8Kv, bool QA>
+void configure_prefill_qa() {
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps, 1, QA>());
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 2, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 4, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 template <int HD, bool kFp8Kv>
 void configure_prefill() {
-  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps>());
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 2>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 4>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  configure_prefill_qa<HD, kFp8Kv, false>();
+  configure_prefill_qa<HD, kFp8Kv, true>();
 }
 
 }  // namespace

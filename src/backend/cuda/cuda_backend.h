@@ -79,6 +79,9 @@ struct CudaBackendOptions {
   // feeding two mmas) or 1 (8 warps). The same bits either way: a row's arithmetic does not
   // depend on which warp does it (the GPU test compares them).
   int vision_attention_mt = 2;
+  // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
+  // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.
+  bool prefill_q_alias = true;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

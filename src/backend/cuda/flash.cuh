@@ -68,11 +68,13 @@ constexpr size_t partial_bytes() {
   return static_cast<size_t>(16 * WARPS * MT) * (partial_pitch<HD>() + 2) * sizeof(float);
 }
 
-// MT: 16-row m-tiles per warp (BM = 16·WARPS·MT).
-template <int HD, int WARPS, int MT = 1>
+// MT: 16-row m-tiles per warp (BM = 16·WARPS·MT). QA: Q has no region of its own; it is loaded
+// into the K stage the first key tile does not use and moved to registers before that stage is
+// refilled (a quarter less shared memory: a third 4-warp block per SM for head dim 128).
+template <int HD, int WARPS, int MT = 1, bool QA = false>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
-  const size_t tiles = static_cast<size_t>(16 * WARPS * MT + 4 * D::BN) * D::SK * sizeof(bf16);
+  const size_t tiles = static_cast<size_t>((QA ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
@@ -263,13 +265,14 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   cluster_barrier();  // the other ranks have read this block's partial before it exits
 }
 
-template <int HD, int WARPS, class P, int SPLIT, int MT>
+template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA>
 __device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
   constexpr int BM = 16 * WARPS * MT, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
+  static_assert(!QA || (BM <= BN && D::HDP == HD), "Q fits a K stage and needs no padded columns");
   extern __shared__ uint4 smem_raw[];
-  bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK]
-  bf16* sk = sq + BM * SK;                       // [2][BN][SK]
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK] (QA: set below, inside sk)
+  bf16* sk = QA ? sq : sq + BM * SK;             // [2][BN][SK]
   bf16* sv = sk + 2 * BN * SK;                   // [2][BN][SK]
 
   grid_dep_wait();
@@ -280,6 +283,15 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
+  // This block's key tiles [kt_begin, kt_end): all of them, or its rank's contiguous share.
+  int kt_begin = 0, kt_end = (tile.kn + BN - 1) / BN;
+  if constexpr (SPLIT > 1) {
+    const int all = kt_end, rank = static_cast<int>(blockIdx.x % SPLIT);
+    kt_begin = all * rank / SPLIT;
+    kt_end = all * (rank + 1) / SPLIT;
+  }
+  if constexpr (QA) sq = sk + ((kt_begin + 1) & 1) * BN * SK;  // the stage kt_begin does not use
+
   // Columns [HD, HDP) of Q and K take part in Q·Kᵀ: zero them once (cp.async never writes them).
   if (D::HDP > HD) {
     for (int r = threadIdx.x; r < BM + 2 * BN; r += THREADS) {
@@ -288,13 +300,6 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     }
   }
 
-  // This block's key tiles [kt_begin, kt_end): all of them, or its rank's contiguous share.
-  int kt_begin = 0, kt_end = (tile.kn + BN - 1) / BN;
-  if constexpr (SPLIT > 1) {
-    const int all = kt_end, rank = static_cast<int>(blockIdx.x % SPLIT);
-    kt_begin = all * rank / SPLIT;
-    kt_end = all * (rank + 1) / SPLIT;
-  }
   auto load_kv = [&](int kt, int stage) {
     const int base = kt * BN;
     const int valid = min(BN, tile.kn - base);
@@ -329,18 +334,25 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   // tile rows of this thread in m-tile mt: row_lo(mt) and row_lo(mt) + 8
   auto row_lo = [&](int mt) { return warp_row0 + mt * 16 + g; };
 
+  auto load_q_fragments = [&] {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < D::KS; ++ks)
+        ldmatrix_x4(qf[mt][ks], sq + (warp_row0 + mt * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
+  };
   for (int kt = kt_begin; kt < kt_end; ++kt) {
+    if (QA && kt == kt_begin) {  // Q into registers before the next prefetch overwrites its stage
+      cp_async_wait<0>();
+      __syncthreads();
+      load_q_fragments();
+      __syncthreads();
+    }
     if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (kt == kt_begin) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int ks = 0; ks < D::KS; ++ks)
-          ldmatrix_x4(qf[mt][ks], sq + (warp_row0 + mt * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
-    }
+    if (!QA && kt == kt_begin) load_q_fragments();
     const bf16* kb = sk + (kt & 1) * BN * SK;
     const bf16* vb = sv + (kt & 1) * BN * SK;
 
@@ -486,12 +498,12 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
 // MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__). SPLIT:
 // blocks per cluster sharing one query tile (1: no cluster). A SPLIT > 1 kernel compiles to
 // nothing below sm_90 (the host never launches it there).
-template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1>
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
   if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
     return;
   } else {
-    flash_body<HD, WARPS, P, SPLIT, MT>(prm, scale_log2);
+    flash_body<HD, WARPS, P, SPLIT, MT, QA>(prm, scale_log2);
   }
 }
 
