@@ -92,6 +92,7 @@ Result<LoadOptions> make_load_options(const EngineArgs& args, const std::string&
     return invalid_argument("--offload-layers " + std::to_string(args.offload_layers) + " must be >= 0");
   rt.offload_layers = args.offload_layers;
   rt.fp8_weights = args.fp8;
+  rt.fp8_w8a8 = args.fp8_gemm == "w8a8";
   o.auto_fit = args.auto_fit;
   if (!args.gpu_memory.empty() && !device.present)
     return invalid_argument("--gpu-memory " + args.gpu_memory + " applies to the CUDA backend; this run uses the CPU");

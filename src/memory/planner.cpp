@@ -316,9 +316,10 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
                         ") are provisional estimates, not yet measured; override with --cuda-overhead");
   }
   // Each workspace is its own allocation when the backend is made.
-  const CudaBackendOptions backend_options;
-  // The W8A8 activation scratch only where the backend allocates it (compute capability 9.x, or
-  // unknown).
+  CudaBackendOptions backend_options;
+  backend_options.fp8_gemm = o.fp8_w8a8 ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
+  // The W8A8 activation scratch only where the backend allocates it (W8A8 asked for, compute
+  // capability 9.x or unknown).
   p.fp8_act_workspace =
       round_up(static_cast<int64_t>(cuda_fp8_act_workspace_bytes(backend_options, device.compute_capability)), gran);
   p.backend_workspace = round_up(static_cast<int64_t>(backend_options.gemm_workspace_bytes), gran) +

@@ -65,6 +65,7 @@ struct RuntimeOptions {
   int kv_page_tokens = 16;        // tokens per KV page
   int offload_layers = 0;         // decoder layers kept in pinned host memory, streamed in
   bool fp8_weights = false;       // block-FP8 text Linears (quantized at load unless already FP8)
+  bool fp8_w8a8 = false;          // CUDA --fp8-gemm w8a8: FP8 prefill GEMMs on quantized activations
   // What this qvl's loader can do (engine/loader): auto-fit applies only these, suggestions offer
   // offloading only when it exists. Flip them where the feature lands.
   bool can_quantize_fp8 = true;        // quantize a BF16 checkpoint's text Linears to FP8 at load (memory/quantize.h)

@@ -173,6 +173,17 @@ std::vector<std::vector<int32_t>> run_each(Engine& engine, const std::vector<Cas
   return out;
 }
 
+// Every case alone on an engine of shape `a` and one of shape `b`: the same tokens, each case
+// as many as its reference.
+void expect_same_tokens(Tiny& t, const EngineShape& a, const EngineShape& b) {
+  const auto ta = run_each(*make_cuda_engine(t, a), t.cases);
+  const auto tb = run_each(*make_cuda_engine(t, b), t.cases);
+  for (size_t i = 0; i < t.cases.size(); ++i) {
+    EXPECT_EQ(ta[i].size(), t.cases[i].want.size()) << t.cases[i].name;
+    EXPECT_EQ(tb[i], ta[i]) << t.cases[i].name;
+  }
+}
+
 TEST(GpuEngine, DecodeGraphsOnAndOffGiveTheSameTokens) {
   QVL_REQUIRE_CUDA();
   std::string why;
@@ -183,12 +194,7 @@ TEST(GpuEngine, DecodeGraphsOnAndOffGiveTheSameTokens) {
     EngineShape eager, graphs;
     eager.graphs = false;
     eager.kv_dtype = graphs.kv_dtype = kv;
-    auto a = run_each(*make_cuda_engine(t, eager), t.cases);
-    auto b = run_each(*make_cuda_engine(t, graphs), t.cases);
-    for (size_t i = 0; i < t.cases.size(); ++i) {
-      EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
-      EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
-    }
+    expect_same_tokens(t, eager, graphs);
   }
 }
 
@@ -204,12 +210,7 @@ TEST(GpuEngine, DeviceGreedyGivesTheHostSamplersTokens) {
     EngineShape host, device;
     host.device_greedy = false;
     host.graphs = device.graphs = graphs;
-    auto a = run_each(*make_cuda_engine(t, host), t.cases);
-    auto b = run_each(*make_cuda_engine(t, device), t.cases);
-    for (size_t i = 0; i < t.cases.size(); ++i) {
-      EXPECT_EQ(a[i].size(), t.cases[i].want.size()) << t.cases[i].name;
-      EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
-    }
+    expect_same_tokens(t, host, device);
   }
 }
 
@@ -220,9 +221,7 @@ TEST(GpuEngine, AGrowingKvRegionGivesTheSameTokens) {
   if (!why.empty()) GTEST_SKIP() << why;
   EngineShape fixed, growing;
   growing.grow_pages = 2;  // 8 tokens at a time: the region grows many times per request
-  auto a = run_each(*make_cuda_engine(t, fixed), t.cases);
-  auto b = run_each(*make_cuda_engine(t, growing), t.cases);
-  for (size_t i = 0; i < t.cases.size(); ++i) EXPECT_EQ(b[i], a[i]) << t.cases[i].name;
+  expect_same_tokens(t, fixed, growing);
 }
 
 TEST(GpuEngine, BusyBatchFollowsTheReferenceTokens) {

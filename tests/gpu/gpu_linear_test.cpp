@@ -337,15 +337,19 @@ TEST(GpuOps, LinearFp8DequantOption) {
 }
 
 // A fresh backend holds exactly the workspaces the memory planner counts for this device: the
-// W8A8 activation workspace on sm_90 only.
+// W8A8 activation workspace with kW8A8 on sm_90 only.
 TEST(GpuOps, BackendWorkspacesAreThePlannedOnes) {
   QVL_REQUIRE_CUDA();
-  const CudaBackendOptions o;
-  auto be = make_cuda_backend(o);
-  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
   const int cc = cuda_device_info(0).value().compute_capability;
-  EXPECT_EQ(cuda_memory_stats(**be).allocated_bytes, cuda_backend_workspace_bytes(o, cc));
-  EXPECT_EQ(cuda_fp8_act_workspace_bytes(o, cc), cc / 10 == 9 ? o.fp8_act_workspace_bytes : 0u);
+  for (CudaFp8Gemm mode : {CudaFp8Gemm::kDequant, CudaFp8Gemm::kW8A8}) {
+    CudaBackendOptions o;
+    o.fp8_gemm = mode;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+    EXPECT_EQ(cuda_memory_stats(**be).allocated_bytes, cuda_backend_workspace_bytes(o, cc));
+    const bool w8a8_here = mode == CudaFp8Gemm::kW8A8 && cc / 10 == 9;
+    EXPECT_EQ(cuda_fp8_act_workspace_bytes(o, cc), w8a8_here ? o.fp8_act_workspace_bytes : 0u);
+  }
 }
 
 // The quantisation kernel writes the bytes and scales of the host quantisation, bit for bit:

@@ -254,13 +254,10 @@ struct GreedyCheck {
   int steps = 0, rows = 0, steps_without_rows = 0, steps_with_several_rows = 0, mismatches = 0, nans = 0;
 };
 
-// Runs every step of the engine twice: forward() for the engine's sampler, then forward_greedy()
-// on the same inputs (which rewrites the same K/V), and compares its ids with the first maximum
-// of each logits row, found here with std::max_element.
-class GreedyCheckRunner final : public ModelRunner {
+// Passes every call to the runner it wraps; the test runners below override what they observe.
+class ForwardingRunner : public ModelRunner {
  public:
-  GreedyCheckRunner(std::unique_ptr<ModelRunner> inner, std::shared_ptr<GreedyCheck> check)
-      : inner_(std::move(inner)), check_(std::move(check)) {}
+  explicit ForwardingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
   const ModelInfo& info() const override { return inner_->info(); }
   std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids, const std::vector<PreparedImage>& images,
                                         int64_t* rope_delta) const override {
@@ -269,6 +266,24 @@ class GreedyCheckRunner final : public ModelRunner {
   Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) override {
     return inner_->encode_image(image);
   }
+  Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) override {
+    return inner_->forward(step, cache, logits);
+  }
+  Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
+    return inner_->forward_greedy(step, cache, tokens);
+  }
+
+ protected:
+  std::unique_ptr<ModelRunner> inner_;
+};
+
+// Runs every step of the engine twice: forward() for the engine's sampler, then forward_greedy()
+// on the same inputs (which rewrites the same K/V), and compares its ids with the first maximum
+// of each logits row, found here with std::max_element.
+class GreedyCheckRunner final : public ForwardingRunner {
+ public:
+  GreedyCheckRunner(std::unique_ptr<ModelRunner> inner, std::shared_ptr<GreedyCheck> check)
+      : ForwardingRunner(std::move(inner)), check_(std::move(check)) {}
   Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) override {
     QVL_RETURN_IF_ERROR(inner_->forward(step, cache, logits));
     const size_t R = step.logits_rows.size(), V = static_cast<size_t>(info().vocab_size);
@@ -285,9 +300,13 @@ class GreedyCheckRunner final : public ModelRunner {
     }
     return Status::ok();
   }
+  // The engine's own greedy steps run through the checking forward() above too (ModelRunner's
+  // default), not straight to the wrapped runner.
+  Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
+    return ModelRunner::forward_greedy(step, cache, tokens);
+  }
 
  private:
-  std::unique_ptr<ModelRunner> inner_;
   std::shared_ptr<GreedyCheck> check_;
 };
 
@@ -295,18 +314,10 @@ class GreedyCheckRunner final : public ModelRunner {
 struct PathCounts {
   int forward = 0, greedy = 0;
 };
-class CountingRunner final : public ModelRunner {
+class CountingRunner final : public ForwardingRunner {
  public:
   CountingRunner(std::unique_ptr<ModelRunner> inner, std::shared_ptr<PathCounts> counts)
-      : inner_(std::move(inner)), counts_(std::move(counts)) {}
-  const ModelInfo& info() const override { return inner_->info(); }
-  std::vector<int32_t> prompt_positions(std::span<const int32_t> prompt_ids, const std::vector<PreparedImage>& images,
-                                        int64_t* rope_delta) const override {
-    return inner_->prompt_positions(prompt_ids, images, rope_delta);
-  }
-  Result<std::unique_ptr<ImageFeatures>> encode_image(const PreparedImage& image) override {
-    return inner_->encode_image(image);
-  }
+      : ForwardingRunner(std::move(inner)), counts_(std::move(counts)) {}
   Status forward(const StepInput& step, const KvCacheView& cache, std::span<float> logits) override {
     ++counts_->forward;
     return inner_->forward(step, cache, logits);
@@ -317,7 +328,6 @@ class CountingRunner final : public ModelRunner {
   }
 
  private:
-  std::unique_ptr<ModelRunner> inner_;
   std::shared_ptr<PathCounts> counts_;
 };
 

@@ -156,14 +156,18 @@ TEST(PlannerRuntime, Sm90IsMeasured) {
 }
 
 // The CUDA backend's W8A8 activation scratch (FP8 prefill GEMMs through block-scaled cuBLASLt,
-// which exists on compute capability 9.x only) is planned where the backend allocates it: 16 MiB
-// (CudaBackendOptions::fp8_act_workspace_bytes, already whole 2 MiB pages) on sm_90 and when the
-// architecture is unknown, nothing on sm_89.
+// which exists on compute capability 9.x only) is planned where the backend allocates it: with
+// --fp8-gemm w8a8, 16 MiB (CudaBackendOptions::fp8_act_workspace_bytes, already whole 2 MiB
+// pages) on sm_90 and when the architecture is unknown, nothing on sm_89; with the default
+// (dequant), nothing anywhere.
 TEST(PlannerRuntime, Fp8ActivationWorkspaceWhereW8A8Runs) {
   RuntimeOptions o;
   DeviceFacts d;
   d.compute_capability = 90;
   d.sm_count = 132;
+  const MemoryPlan dequant = plan_ok(preset("4b", true), o, d);
+  EXPECT_EQ(dequant.fp8_act_workspace, 0);
+  o.fp8_w8a8 = true;
   const MemoryPlan hopper = plan_ok(preset("4b", true), o, d);
   d.compute_capability = 89;
   d.sm_count = 24;
@@ -174,6 +178,7 @@ TEST(PlannerRuntime, Fp8ActivationWorkspaceWhereW8A8Runs) {
   EXPECT_EQ(unknown.fp8_act_workspace, 16 * kMiB);
   EXPECT_EQ(hopper.backend_workspace - ada.backend_workspace, 16 * kMiB);
   EXPECT_EQ(unknown.backend_workspace, hopper.backend_workspace);
+  EXPECT_EQ(hopper.backend_workspace - dequant.backend_workspace, 16 * kMiB);
 }
 
 // ---- KV cache ----

@@ -1,6 +1,7 @@
-// Internal to the CUDA backend's text attention (attention_text.cu, attention_decode.cu): where
-// a token's K or V row of one layer lives in the paged cache (backend.h KvCacheView: page p,
-// layer l, K then V, each [page_size, Hkv, dh]), and the batch checks both kernels rely on.
+// Internal to the CUDA backend's text attention (attention_text.cu, attention_decode.cu,
+// attention_generic.cu): where a token's K or V row of one layer lives in the paged cache
+// (backend.h KvCacheView: page p, layer l, K then V, each [page_size, Hkv, dh]), and the batch
+// checks the kernels rely on.
 #pragma once
 
 #include "backend/cuda/cuda_common.cuh"

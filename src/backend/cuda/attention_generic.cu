@@ -1,7 +1,7 @@
 // Generic attention kernels for head dims the fast kernels do not cover (any even head_dim up
 // to 256): one warp per (query row, head), keys visited one at a time with an online softmax
 // in fp32. Slow (a warp reduction per key) but simple; real Qwen3-VL shapes never land here.
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention_cache.cuh"
 
 namespace qvl::cuda {
 namespace {
@@ -84,9 +84,8 @@ struct TextGenericParams {
   const int32_t* query_start;
   const int32_t* context_len;
   const int32_t* page_table;
-  char* cache;
-  int64_t page_bytes, layer_offset, v_offset, token_bytes;
-  int page_size, num_seqs, max_pages, rows, hq, hkv, hd, esize;
+  CacheGeometry cache;
+  int num_seqs, max_pages, rows, hq, hkv, hd;
   float scale_log2;
 };
 
@@ -117,11 +116,12 @@ __global__ void text_generic_kernel(const TextGenericParams p) {
     q[i] = d < p.hd ? __bfloat162float(p.qkv[r * ld + h * p.hd + d]) : 0.0f;
   }
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
+  const CacheGeometry& c = p.cache;
   for (int j = 0; j <= pos; ++j) {
-    const char* row = p.cache + pt[j / p.page_size] * p.page_bytes + p.layer_offset +
-                      (j % p.page_size) * p.token_bytes + static_cast<int64_t>(kvh) * p.hd * p.esize;
-    const float s = dot_lanes(q, row, p.hd, lane, p.esize) * p.scale_log2;
-    sm.add(s, row + p.v_offset, p.hd, lane, p.esize);
+    const int32_t page = pt[j / c.page_size];
+    const float s =
+        dot_lanes(q, cache_row(c, page, j % c.page_size, kvh, p.hd, false), p.hd, lane, c.esize) * p.scale_log2;
+    sm.add(s, cache_row(c, page, j % c.page_size, kvh, p.hd, true), p.hd, lane, c.esize);
   }
   sm.store(out, p.hd, lane);
 }
@@ -141,27 +141,19 @@ void launch_vision_attention_generic(const LaunchContext& ctx, Tensor out, const
 void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale) {
   QVL_CHECK(shape.head_dim <= 32 * kMaxPerLane) << "head_dim " << shape.head_dim;
-  QVL_CHECK(cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3)
-      << "KV cache dtype " << dtype_name(cache.dtype);
   TextGenericParams p{};
   p.out = out.as<bf16>();
   p.qkv = qkv.as<bf16>();
   p.query_start = batch.query_start.as<int32_t>();
   p.context_len = batch.context_len.as<int32_t>();
   p.page_table = batch.page_table.as<int32_t>();
-  p.cache = static_cast<char*>(cache.base);
-  p.page_bytes = static_cast<int64_t>(cache.page_bytes());
-  p.layer_offset = static_cast<int64_t>(cache.layer_bytes()) * layer;
-  p.token_bytes = static_cast<int64_t>(cache.token_bytes_per_layer());
-  p.v_offset = p.token_bytes * cache.page_size;
-  p.page_size = cache.page_size;
+  p.cache = geometry(cache, layer);  // checks the dtype and the layer
   p.num_seqs = batch.num_seqs;
   p.max_pages = batch.max_pages_per_seq;
   p.rows = batch.num_tokens;
   p.hq = shape.num_q_heads;
   p.hkv = shape.num_kv_heads;
   p.hd = shape.head_dim;
-  p.esize = dtype_size(cache.dtype);
   p.scale_log2 = scale * 1.4426950408889634f;
   const int64_t warps = static_cast<int64_t>(p.rows) * p.hq;
   launch(ctx, "text_attention_generic", text_generic_kernel, dim3(ceil_div(warps, 4)), dim3(128), 0, p);

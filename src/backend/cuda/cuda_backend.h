@@ -57,7 +57,7 @@ struct CudaBackendOptions {
   CudaFp8Gemm fp8_gemm = CudaFp8Gemm::kDequant;
   // W8A8: the quantised activations of one cuBLASLt call (K bytes + ceil(K / 128) fp32 scales per
   // row) and the last rows' output; more rows than fit run as several calls (16 MiB: 1600 rows
-  // of the 4B down_proj, K = 9728). Allocated only where W8A8 can run (sm_90): see
+  // of the 4B down_proj, K = 9728). Allocated only with kW8A8 where it can run (sm_90): see
   // cuda_fp8_act_workspace_bytes().
   size_t fp8_act_workspace_bytes = size_t{16} << 20;
   // Split-K decode attention keeps fp32 partial outputs per (sequence, q head, split); the
@@ -128,12 +128,13 @@ inline size_t cuda_decode_scratch_bytes(const CudaBackendOptions& o) {
   return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + kArgmaxMaxRows * kArgmaxRowScratchBytes +
          kDecodeSplitBlocks * sizeof(uint32_t);
 }
-// The W8A8 scratch exists only where cuBLASLt has 128-element block-scaled FP8 (compute
-// capability 9.x, its documented support), whatever fp8_gemm says (so that the memory plan,
-// made from the default options, holds for both settings); compute_capability 0 (unknown: a
-// plan made without a device) counts it, the safe side.
+// The W8A8 scratch exists only when fp8_gemm asks for W8A8 and cuBLASLt has 128-element
+// block-scaled FP8 there (compute capability 9.x, its documented support); the memory plan
+// passes the same option (RuntimeOptions::fp8_w8a8). compute_capability 0 (unknown: a plan made
+// without a device) counts it, the safe side.
 inline size_t cuda_fp8_act_workspace_bytes(const CudaBackendOptions& o, int compute_capability) {
-  return compute_capability == 0 || compute_capability / 10 == 9 ? o.fp8_act_workspace_bytes : 0;
+  const bool can_run = compute_capability == 0 || compute_capability / 10 == 9;
+  return o.fp8_gemm == CudaFp8Gemm::kW8A8 && can_run ? o.fp8_act_workspace_bytes : 0;
 }
 inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o, int compute_capability) {
   return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_fp8_act_workspace_bytes(o, compute_capability) +
