@@ -30,8 +30,8 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 
 // The CUDA backends a vision / prefill case runs on, made per test: cuda() (cluster split on
 // sm_90+), on sm_90+ one with CudaBackendOptions::cluster_attention off, and one with vision
-// attention at one m-tile per warp and prefill Q in its own shared memory (vision_attention_mt
-// = 1, prefill_q_alias off).
+// attention at one m-tile per warp and prefill Q in its own shared memory, splitting from two
+// key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -50,8 +50,9 @@ class AttentionGpus {
     CudaBackendOptions o;
     o.vision_attention_mt = 1;
     o.prefill_q_alias = false;
+    o.prefill_key_tiles = 1;
     mt1_ = cuda_backend_with(o);
-    list_.push_back({" mt1 no-q-alias", mt1_.get()});
+    list_.push_back({" mt1 no-q-alias key-tiles-1", mt1_.get()});
   }
   const std::vector<Gpu>& list() const { return list_; }
 
@@ -137,8 +138,7 @@ MropeSpec make_mrope(int hd) {
 // `kv` is the CUDA cache's dtype; the CPU cache is always BF16 (the CPU backend has no FP8
 // cache) and holds the same values: for an FP8 cache, the exact BF16 images of its bytes.
 void setup_text(TextSetup& t, const std::vector<std::pair<int, int>>& seqs, int hkv, int hd, int layers,
-                DType kv = DType::kBF16) {
-  const int page = 16;
+                DType kv = DType::kBF16, int page = 16) {
   int max_pages = 1, total_pages = 0;
   for (auto [q, c] : seqs) {
     max_pages = std::max(max_pages, (c + page - 1) / page);
@@ -323,9 +323,9 @@ TEST(GpuOps, TextQkvPrepare) {
 // `seqs`: (new rows, context after this step) per sequence; runs on every backend of `gpus`
 // (none: cuda() only).
 void run_text_attention(const std::string& op, const std::vector<std::pair<int, int>>& seqs, int hq, int hkv, int hd,
-                        DType kv = DType::kBF16, const AttentionGpus* gpus = nullptr) {
+                        DType kv = DType::kBF16, const AttentionGpus* gpus = nullptr, int page = 16) {
   TextSetup t;
-  setup_text(t, seqs, hkv, hd, 2, kv);
+  setup_text(t, seqs, hkv, hd, 2, kv, page);
   const int n = t.num_tokens, layer = 1;
   const int64_t width = int64_t{hq + 2 * hkv} * hd;
   Pair qkv = activation(t.s, {n, width}, random_values(n * width));
@@ -340,6 +340,7 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
   desc += seqs.size() > 6 ? ",..)" : ")";
   desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
   if (kv == DType::kF8E4M3) desc += " kv:fp8";
+  if (page != 16) desc += " page " + std::to_string(page);
   const std::vector<Gpu> only_cuda = {{"", cuda()}};
   for (const Gpu& gpu : gpus ? gpus->list() : only_cuda) {
     // Rows a kernel fails to write keep 9.0 and fail the comparison.
@@ -381,6 +382,19 @@ TEST(GpuOps, TextPrefillAttentionSplit) {
   run_text_attention("text_attention prefill", {{65, 700}, {2, 64}, {129, 129}}, 16, 8, 128, f8, &gpus);
   run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
   run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8, &gpus);
+}
+
+// Pages of other sizes than 16: a power of two (page lookups by shift) and not (by division),
+// for prefill and decode.
+TEST(GpuOps, TextAttentionPageSizes) {
+  QVL_REQUIRE_CUDA();
+  const AttentionGpus gpus;
+  for (int page : {4, 12, 64}) {
+    run_text_attention("text_attention prefill", {{37, 301}, {64, 128}, {5, 5}}, 16, 8, 128, DType::kBF16, &gpus, page);
+    run_text_attention("text_attention prefill", {{100, 250}}, 4, 2, 64, DType::kF8E4M3, &gpus, page);
+    run_text_attention("text_attention decode", {{1, 700}, {1, 33}}, 16, 8, 128, DType::kBF16, nullptr, page);
+    run_text_attention("text_attention decode", {{1, 300}}, 4, 2, 64, DType::kF8E4M3, nullptr, page);
+  }
 }
 
 TEST(GpuOps, TextDecodeAttention) {

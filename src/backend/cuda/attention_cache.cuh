@@ -15,6 +15,7 @@ struct CacheGeometry {
   int64_t v_offset = 0;      // page_size * token_bytes
   int64_t token_bytes = 0;   // Hkv * dh * element size
   int page_size = 16;
+  int page_shift = -1;  // log2(page_size) when it is a power of two (no division per lookup)
   int esize = 2;  // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
 };
 
@@ -29,6 +30,11 @@ inline CacheGeometry geometry(const KvCacheView& cache, int layer) {
   g.token_bytes = static_cast<int64_t>(cache.token_bytes_per_layer());
   g.v_offset = g.token_bytes * cache.page_size;
   g.page_size = cache.page_size;
+  QVL_CHECK_GT(cache.page_size, 0);
+  if ((cache.page_size & (cache.page_size - 1)) == 0) {
+    g.page_shift = 0;
+    while ((1 << g.page_shift) < cache.page_size) ++g.page_shift;
+  }
   g.esize = dtype_size(cache.dtype);
   return g;
 }
@@ -37,6 +43,16 @@ inline CacheGeometry geometry(const KvCacheView& cache, int layer) {
 __device__ __forceinline__ char* cache_row(const CacheGeometry& c, int32_t page, int off, int kvh, int hd, bool v) {
   return c.base + page * c.page_bytes + c.layer_offset + (v ? c.v_offset : 0) + off * c.token_bytes +
          static_cast<int64_t>(kvh) * hd * c.esize;
+}
+
+// Token j of a sequence: its page's index in the sequence's page table; `off` = its offset there.
+__device__ __forceinline__ int page_index(const CacheGeometry& c, int j, int& off) {
+  if (c.page_shift >= 0) {
+    off = j & (c.page_size - 1);
+    return j >> c.page_shift;
+  }
+  off = j % c.page_size;
+  return j / c.page_size;
 }
 
 // Element d of a cache row (BF16, or FP8 rounded from BF16 as an engine casting its bf16 K/V would).

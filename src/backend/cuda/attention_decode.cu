@@ -126,7 +126,9 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
     const int r = v ? rr - rows : rr;
     const int j = k0 + r;
     if (j == newest) continue;  // read from the newest-key buffer instead
-    const char* src = cache_row(p.cache, pt[j / p.cache.page_size], j % p.cache.page_size, kvh, HD, v);
+    int off;
+    const int pi = page_index(p.cache, j, off);
+    const char* src = cache_row(p.cache, pt[pi], off, kvh, HD, v);
     char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
     if constexpr (kFp8) {
       const uint2 raw = *reinterpret_cast<const uint2*>(src + chunk * 8);

@@ -202,11 +202,15 @@ struct PagedParams {
   const int32_t* page_table;
   CacheGeometry cache;
   int num_seqs, max_pages, hq, hkv;
+  int grid_tiles = 0;  // query tiles the grid covers (an upper bound: blocks past the last return)
 };
 template <int BM, bool kFp8Kv>
 struct PagedPolicy {
   using Params = PagedParams;
+  // Tiles are taken last first: a sequence's later query tiles see the most keys, so the
+  // heaviest blocks start in the first wave and the light ones fill the tail.
   __device__ static bool locate(const Params& p, int idx, flash::Tile& t) {
+    idx = p.grid_tiles - 1 - idx;
     for (int s = 0; s < p.num_seqs; ++s) {
       const int q0 = p.query_start[s], qlen = p.query_start[s + 1] - q0;
       const int tiles = (qlen + BM - 1) / BM;
@@ -231,10 +235,14 @@ struct PagedPolicy {
   }
   using KvElem = std::conditional_t<kFp8Kv, uint8_t, bf16>;
   template <int HD>
-  __device__ static const KvElem* kv_row(const Params& p, const flash::Tile& t, int j, bool v) {
-    const int32_t page = p.page_table[t.b * p.max_pages + j / p.cache.page_size];
-    return reinterpret_cast<const KvElem*>(
-        cache_row(p.cache, page, j % p.cache.page_size, t.head / (p.hq / p.hkv), HD, v));
+  __device__ static const KvElem* k_row(const Params& p, const flash::Tile& t, int j) {
+    int off;
+    const int32_t page = p.page_table[t.b * p.max_pages + page_index(p.cache, j, off)];
+    return reinterpret_cast<const KvElem*>(cache_row(p.cache, page, off, t.head / (p.hq / p.hkv), HD, false));
+  }
+  // V of a token sits v_offset bytes after its K, in the same page.
+  __device__ static int64_t kv_delta(const Params& p, const flash::Tile&) {
+    return p.cache.v_offset / static_cast<int64_t>(sizeof(KvElem));
   }
   template <int HD>
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
@@ -251,12 +259,8 @@ struct Bound {
   __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template q_row<HD>(p, t, i);
   }
-  __device__ static auto k_row(const Params& p, const flash::Tile& t, int j) {
-    return Pol::template kv_row<HD>(p, t, j, false);
-  }
-  __device__ static auto v_row(const Params& p, const flash::Tile& t, int j) {
-    return Pol::template kv_row<HD>(p, t, j, true);
-  }
+  __device__ static auto k_row(const Params& p, const flash::Tile& t, int j) { return Pol::template k_row<HD>(p, t, j); }
+  __device__ static int64_t kv_delta(const Params& p, const flash::Tile& t) { return Pol::kv_delta(p, t); }
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template o_row<HD>(p, t, i);
   }
@@ -272,11 +276,12 @@ using Paged = PagedPolicy<16 * kPrefillWarps, kFp8Kv>;
 // them where a split of at most 4 allows (802 tokens: 13 tiles -> 4 blocks of <= 4; the last
 // query tile's 13 serial tiles were the whole kernel's time). Every query tile of the launch
 // gets the same split; a block whose causal share is empty only joins the merge.
-constexpr int kPrefillMaxKeyTiles = 4;
+// (LaunchContext::prefill_key_tiles, default 4, sets that bound for A/B runs.)
 int prefill_split(const LaunchContext& ctx, int max_context) {
   if (!ctx.clusters) return 1;
   const int tiles = static_cast<int>(ceil_div(std::max(max_context, 1), 64));
-  return tiles <= kPrefillMaxKeyTiles ? 1 : tiles <= 2 * kPrefillMaxKeyTiles ? 2 : 4;
+  const int most = std::max(ctx.prefill_key_tiles, 1);
+  return tiles <= most ? 1 : tiles <= 2 * most ? 2 : 4;
 }
 
 // QA (LaunchContext::prefill_q_alias): Q shares a K stage (flash.cuh), 3 blocks per SM instead
@@ -287,11 +292,12 @@ constexpr auto prefill_kernel() {
 }
 
 template <int HD, bool kFp8Kv, bool QA>
-void run_prefill_qa(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
+void run_prefill_qa(const LaunchContext& ctx, PagedParams prm, int num_tokens, int split, float scale) {
   constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps, 1, QA>();
   // One query tile per 64 rows of each sequence: at most num_tokens / 64 + one partial tile per
   // sequence (blocks past the last tile return).
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
+  prm.grid_tiles = static_cast<int>(tiles);
   const dim3 block(kPrefillWarps * 32);
   const float scale_log2 = scale * 1.4426950408889634f;
   const char* name = "text_prefill_attention";

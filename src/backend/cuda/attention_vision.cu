@@ -52,9 +52,8 @@ struct SegmentPolicy {
   __device__ static const bf16* k_row(const Params& p, const flash::Tile& t, int j) {
     return p.qkv + (t.b + j) * ld(p) + static_cast<int64_t>(p.heads + t.head) * HD;
   }
-  __device__ static const bf16* v_row(const Params& p, const flash::Tile& t, int j) {
-    return p.qkv + (t.b + j) * ld(p) + static_cast<int64_t>(2 * p.heads + t.head) * HD;
-  }
+  // V of key j sits nh·dh columns after its K.
+  __device__ static int64_t kv_delta(const Params& p, const flash::Tile&) { return static_cast<int64_t>(p.heads) * HD; }
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
     return p.out + (t.a + i) * static_cast<int64_t>(p.heads) * HD + t.head * HD;
   }

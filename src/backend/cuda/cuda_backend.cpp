@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
     ctx_.token_prepare = options_.token_qkv_prepare;
     ctx_.vision_mt = options_.vision_attention_mt == 1 ? 1 : 2;
     ctx_.prefill_q_alias = options_.prefill_q_alias;
+    ctx_.prefill_key_tiles = std::max(1, options_.prefill_key_tiles);
     ctx_.num_sms = std::max(1, info_.multiprocessors);
     fusion_ = options_.fuse_prologues;
     ctx_.skinny = {options_.skinny_variant, options_.skinny_depth, options_.skinny_split};

@@ -82,6 +82,9 @@ struct CudaBackendOptions {
   // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
   // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.
   bool prefill_q_alias = true;
+  // Text prefill attention: a query tile's keys are split over a cluster of 2 or 4 blocks
+  // (sm_90+) once they span more than this many 64-key tiles (twice as many: 4 blocks).
+  int prefill_key_tiles = 4;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -14,7 +14,8 @@
 // The policy P says where rows live and which keys a query row may see:
 //   bool locate(const Params&, Tile&)            -> this block's tile (false: nothing to do)
 //   const bf16* q_row(const Params&, const Tile&, int i)  i < tile.qn
-//   const bf16* k_row(...,int j), v_row(..., int j)        j < tile.kn
+//   k_row(..., int j)                                       j < tile.kn (BF16, or FP8 with kFp8Kv)
+//   int64_t kv_delta(const Params&, const Tile&)  V row j = k_row(j) + kv_delta elements
 //   bf16* o_row(..., int i)
 // and Tile carries qn (valid query rows), kn (keys to scan, from 0) and causal_offset (row i
 // sees keys j <= i + causal_offset). locate() gets the query tile's index (blockIdx.x / SPLIT).
@@ -149,7 +150,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Copies rows [0, 64) (or BM) of a tile into shared memory; rows >= valid are zero-filled.
+// Copies rows [0, ROWS) of a tile into shared memory; rows >= valid are zero-filled.
 template <int HD, int ROWS, int THREADS, class RowFn>
 __device__ __forceinline__ void load_rows(bf16* dst, int valid, RowFn row) {
   using D = Dims<HD>;
@@ -161,26 +162,45 @@ __device__ __forceinline__ void load_rows(bf16* dst, int valid, RowFn row) {
   }
 }
 
-// The same for an FP8 E4M3 source (the FP8 KV cache): 8-byte loads, widened to BF16 exactly,
-// ordinary shared-memory stores (no cp.async: the data changes form on the way).
+// The K and V rows [0, BN) of a key tile: one row address per K/V pair (V lies `delta`
+// elements after K), so a paged policy looks each page up once per row, not once per 16 bytes
+// of each of K and V (that address arithmetic was half the prefill kernel's instructions).
 template <int HD, int ROWS, int THREADS, class RowFn>
-__device__ __forceinline__ void load_rows_fp8(bf16* dst, int valid, RowFn row) {
+__device__ __forceinline__ void load_kv_rows(bf16* dk, bf16* dv, int valid, int64_t delta, RowFn row) {
   using D = Dims<HD>;
   for (int c = threadIdx.x; c < ROWS * D::CPR; c += THREADS) {
     const int r = c / D::CPR, col = c % D::CPR;
-    float f[8];
+    const bool ok = r < valid;
+    const bf16* src = row(ok ? r : 0) + col * 8;
+    cp_async16(dk + r * D::SK + col * 8, src, ok);
+    cp_async16(dv + r * D::SK + col * 8, src + delta, ok);
+  }
+}
+
+// The same for an FP8 E4M3 source (the FP8 KV cache): 8-byte loads, widened to BF16 exactly,
+// ordinary shared-memory stores (no cp.async: the data changes form on the way).
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
+  float f[8];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+    f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+  }
+  return pack8(f);
+}
+template <int HD, int ROWS, int THREADS, class RowFn>
+__device__ __forceinline__ void load_kv_rows_fp8(bf16* dk, bf16* dv, int valid, int64_t delta, RowFn row) {
+  using D = Dims<HD>;
+  for (int c = threadIdx.x; c < ROWS * D::CPR; c += THREADS) {
+    const int r = c / D::CPR, col = c % D::CPR;
+    uint4 k = make_uint4(0, 0, 0, 0), v = k;
     if (r < valid) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(row(r) + col * 8);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
-        f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+      const uint8_t* src = row(r) + col * 8;
+      k = widen_fp8x8(*reinterpret_cast<const uint2*>(src));
+      v = widen_fp8x8(*reinterpret_cast<const uint2*>(src + delta));
     }
-    *reinterpret_cast<uint4*>(dst + r * D::SK + col * 8) = pack8(f);
+    *reinterpret_cast<uint4*>(dk + r * D::SK + col * 8) = k;
+    *reinterpret_cast<uint4*>(dv + r * D::SK + col * 8) = v;
   }
 }
 
@@ -300,16 +320,15 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     }
   }
 
+  const int64_t kv_delta = P::kv_delta(prm, tile);
   auto load_kv = [&](int kt, int stage) {
     const int base = kt * BN;
     const int valid = min(BN, tile.kn - base);
-    if constexpr (KvIsFp8<P>::value) {
-      load_rows_fp8<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
-      load_rows_fp8<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
-    } else {
-      load_rows<HD, BN, THREADS>(sk + stage * BN * SK, valid, [&](int j) { return P::k_row(prm, tile, base + j); });
-      load_rows<HD, BN, THREADS>(sv + stage * BN * SK, valid, [&](int j) { return P::v_row(prm, tile, base + j); });
-    }
+    auto row = [&](int j) { return P::k_row(prm, tile, base + j); };
+    if constexpr (KvIsFp8<P>::value)
+      load_kv_rows_fp8<HD, BN, THREADS>(sk + stage * BN * SK, sv + stage * BN * SK, valid, kv_delta, row);
+    else
+      load_kv_rows<HD, BN, THREADS>(sk + stage * BN * SK, sv + stage * BN * SK, valid, kv_delta, row);
   };
   if (kt_begin < kt_end) {
     load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
