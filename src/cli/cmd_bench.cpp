@@ -69,7 +69,7 @@ struct BenchOptions {
   bool no_token_prepare = false;      // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                  // A/B: vision attention m-tiles per warp
   bool no_prefill_q_alias = false;    // A/B: prefill attention with Q in its own shared memory
-  int prefill_key_tiles = 4;          // A/B: prefill attention key tiles per block before a split
+  int prefill_key_tiles = 8;          // A/B: prefill attention key tiles per block before a split
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -653,7 +653,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                "CUDA A/B: text prefill attention with Q in its own shared memory (2 blocks per SM)");
   app.add_option("--prefill-key-tiles", o->prefill_key_tiles,
                  "CUDA A/B: text prefill attention splits a query tile's keys over 2 or 4 blocks past this "
-                 "many 64-key tiles (4)")
+                 "many 64-key tiles (8)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")

@@ -272,11 +272,12 @@ template <bool kFp8Kv>
 using Paged = PagedPolicy<16 * kPrefillWarps, kFp8Kv>;
 
 // Key split of a causal query tile over a cluster (sm_90+, flash.cuh): the longest key range
-// (max_context) in tiles of 64, shared so that no block scans more than kPrefillMaxKeyTiles of
-// them where a split of at most 4 allows (802 tokens: 13 tiles -> 4 blocks of <= 4; the last
-// query tile's 13 serial tiles were the whole kernel's time). Every query tile of the launch
-// gets the same split; a block whose causal share is empty only joins the merge.
-// (LaunchContext::prefill_key_tiles, default 4, sets that bound for A/B runs.)
+// (max_context) in tiles of 64, shared so that no block scans more than
+// LaunchContext::prefill_key_tiles (8) of them where a split of at most 4 allows. Every query
+// tile of the launch gets the same split; a block whose causal share is empty only joins the
+// merge. 802 tokens (13 tiles) on an H100, prefill ms with the bound at 2 / 4 / 8 / 16 (split
+// 4 / 4 / 2 / 1): 6.45 / 6.46 / 6.35 / 6.81 (e4161b2, two runs each): a split of 2 balances the
+// last query tile's serial scan against each block's fixed cost (Q load, merge, cluster wait).
 int prefill_split(const LaunchContext& ctx, int max_context) {
   if (!ctx.clusters) return 1;
   const int tiles = static_cast<int>(ceil_div(std::max(max_context, 1), 64));

@@ -84,7 +84,7 @@ struct CudaBackendOptions {
   bool prefill_q_alias = true;
   // Text prefill attention: a query tile's keys are split over a cluster of 2 or 4 blocks
   // (sm_90+) once they span more than this many 64-key tiles (twice as many: 4 blocks).
-  int prefill_key_tiles = 4;
+  int prefill_key_tiles = 8;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -69,7 +69,7 @@ struct LaunchContext {
   bool token_prepare = true;    // text_qkv_prepare: one block per token for head dims 64 / 128
   int vision_mt = 2;            // vision attention: 16-row m-tiles per warp (1 or 2)
   bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
-  int prefill_key_tiles = 4;    // text prefill attention: key tiles per block before a cluster split
+  int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;

@@ -1,6 +1,6 @@
 // RMSNorm and LayerNorm over the last dimension. Rows up to 4096 wide (multiples of 8): one warp
 // per row, the row held in registers as packed BF16 between the statistics (warp shuffles, no
-// barrier) and the output pass, 8 rows per block. Rows up to 8192 wide: one block per row, the
+// barrier) and the output pass, 4 rows per block. Rows up to 8192 wide: one block per row, the
 // same in registers across 128 threads. Other widths take a two-pass scalar path. Numerics follow
 // the reference:
 //   RMSNorm   out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))   (normalise, round, then weight)
@@ -99,16 +99,33 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-// One warp per row: lane l holds vectors l, l + 32, ... (VPL of them, 8 BF16 each).
+// One warp per row: lane l holds vectors l, l + 32, ... (VPL of them, 8 BF16 each), 4 rows per
+// block (802 rows of 2B's prefill: 201 blocks, so every multiprocessor gets rows; with 8 rows
+// per block 101 blocks left 31 of an H100's 132 idle). Rows up to 2048 wide (VPL <= 8) read
+// their weights (and bias) before the PDL wait: they do not depend on the previous kernel.
+constexpr int kNormWarpRows = 4;
+
 template <typename W, bool kLayer, int VPL>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kNormWarpRows * 32)
     norm_warp_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t rows, int64_t dim, float eps) {
+  constexpr bool kPre = VPL <= 8;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kNormWarpRows) + (threadIdx.x >> 5);
+  const int nvec = static_cast<int>(dim / 8);
+  float w[kPre ? VPL : 1][8], b[kPre && kLayer ? VPL : 1][8];
+  if constexpr (kPre) {
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+      const int vi = lane + 32 * i;
+      if (vi < nvec) {
+        load_w8(weight, vi * 8, w[i]);
+        if constexpr (kLayer) load_w8(bias, vi * 8, b[i]);
+      }
+    }
+  }
   grid_dep_wait();
   grid_dep_launch();
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * 8LL + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int nvec = static_cast<int>(dim / 8);
   const uint4* x4 = reinterpret_cast<const uint4*>(x + row * dim);
   uint4 raw[VPL];
 #pragma unroll
@@ -147,12 +164,21 @@ __global__ void __launch_bounds__(256)
   for (int i = 0; i < VPL; ++i) {
     const int vi = lane + 32 * i;
     if (vi < nvec) {
-      float v[8], w[8], b[8], o[8];
+      float v[8], wl[8], bl[8], o[8];
       unpack8(raw[i], v);
-      load_w8(weight, vi * 8, w);
-      if (kLayer) load_w8(bias, vi * 8, b);
+      if constexpr (kPre) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = kLayer ? (v[e] - mean) * rstd * w[e] + b[e] : w[e] * bf16_round(v[e] * rstd);
+        for (int e = 0; e < 8; ++e) {
+          wl[e] = w[i][e];
+          bl[e] = kLayer ? b[i][e] : 0.0f;
+        }
+      } else {
+        load_w8(weight, vi * 8, wl);
+        if (kLayer) load_w8(bias, vi * 8, bl);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        o[e] = kLayer ? (v[e] - mean) * rstd * wl[e] + bl[e] : wl[e] * bf16_round(v[e] * rstd);
       o4[vi] = pack8(o);
     }
   }
@@ -214,7 +240,7 @@ void run_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tenso
     const W* b = kLayer ? bias.as<W>() : nullptr;
     const int64_t nvec = dim / 8;
     if (vec && nvec <= 32 * 16) {
-      const dim3 grid(ceil_div(rows, 8)), block(256);
+      const dim3 grid(ceil_div(rows, kNormWarpRows)), block(kNormWarpRows * 32);
       const char* name = kLayer ? "layer_norm" : "rms_norm";
       if (nvec <= 32 * 4)
         launch(ctx, name, norm_warp_kernel<W, kLayer, 4>, grid, block, 0, out.as<bf16>(), x.as<bf16>(), w, b,
