@@ -95,7 +95,9 @@ TEST(GpuOps, RmsNorm) {
   };
   for (Case c :
        {Case{1, 2048, DType::kF32, false}, Case{7, 2048, DType::kBF16, false}, Case{64, 128, DType::kF32, false},
-        Case{5, 100, DType::kF32, false}, Case{3, 8200, DType::kF32, false}, Case{9, 2560, DType::kF32, true}}) {
+        Case{5, 100, DType::kF32, false}, Case{3, 8200, DType::kF32, false}, Case{9, 2560, DType::kF32, true},
+        // rows past 16 per multiprocessor (8 per block) and a prefill's 802 (4 per block, a partial one)
+        Case{3001, 2048, DType::kF32, false}, Case{802, 2048, DType::kBF16, true}, Case{3001, 4096, DType::kF32, true}}) {
     Scratch s;
     LoadedTable w = load_vector(c.H, c.wdt, 1.0f, 0.3f);
     Pair x = activation(s, {c.n, c.H}, random_values(c.n * c.H, 2.0f));
@@ -110,7 +112,9 @@ TEST(GpuOps, RmsNorm) {
 
 TEST(GpuOps, LayerNorm) {
   QVL_REQUIRE_CUDA();
-  for (auto [n, H] : {std::pair<int64_t, int64_t>{1, 1024}, {7, 4096}, {300, 1024}, {4, 36}, {2, 8200}}) {
+  // 3073 rows: 8 per block past 16 rows per multiprocessor (a partial last block)
+  for (auto [n, H] :
+       {std::pair<int64_t, int64_t>{1, 1024}, {7, 4096}, {300, 1024}, {4, 36}, {2, 8200}, {3073, 1024}, {3073, 4096}}) {
     Scratch s;
     LoadedTable w = load_vector(H, DType::kF32, 1.0f, 0.3f);
     LoadedTable b = load_vector(H, DType::kF32, 0.0f, 0.5f);
