@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kNormThreads)
 // vision encoder's 3072 rows measured 8.7 against 8.0 us with 4 instead of 8). Rows up to 2048
 // wide (VPL <= 8) read their weights (and bias) before the PDL wait: they do not depend on the
 // previous kernel.
-template <typename W, bool kLayer, int VPL>
-__global__ void __launch_bounds__(kNormWarpRows * 32)
+template <typename W, bool kLayer, int VPL, int RPB>
+__global__ void __launch_bounds__(RPB * 32)
     norm_warp_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t rows, int64_t dim, float eps) {
   constexpr bool kPre = VPL <= 8;
   const int lane = threadIdx.x & 31;
