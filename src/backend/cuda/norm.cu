@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(kNormThreads)
 
 // One warp per row: lane l holds vectors l, l + 32, ... (VPL of them, 8 BF16 each), RPB rows
 // per block: 8, or 4 where 8 would leave multiprocessors without rows (802 rows of 2B's
-// prefill: 101 blocks of 8 left 31 of an H100's 132 idle; 6.3 against 8.3 us with 4; the
-// vision encoder's 3072 rows measured 8.7 against 8.0 us with 4 instead of 8). With 4 rows per
-// block (fewer blocks than the multiprocessors hold) rows up to 2048 wide (VPL <= 8) read their
-// weights (and bias) before the PDL wait, since they do not depend on the previous kernel; with
-// 8 the registers that takes would cost occupancy (3072 rows: 8.5 against 8.0 us).
+// prefill: 101 blocks of 8 left 31 of an H100's 132 idle; 6.3 against 8.3 us with 4). With 4
+// rows per block (fewer blocks than the multiprocessors hold) rows up to 2048 wide (VPL <= 8)
+// read their weights (and bias) before the PDL wait, since they do not depend on the previous
+// kernel; with 8 the registers that takes would cost occupancy (the vision encoder's 3072 rows
+// took 8.5-8.7 us that way against 8.0).
 template <typename W, bool kLayer, int VPL, int RPB>
 __global__ void __launch_bounds__(RPB * 32)
     norm_warp_kernel(bf16* out, const bf16* x, const W* weight, const W* bias, int64_t rows, int64_t dim, float eps) {
