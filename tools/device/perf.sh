@@ -2,7 +2,8 @@
 # GPU machine: CUDA tests, accuracy and performance runs, each step packed into $OUT/<step>.tar.gz
 # as soon as it ends (so a later timeout loses nothing). At most 8 steps per call (8 files back).
 #   bash tools/device/perf.sh STEP...
-# Steps: gputests, tf-2b, tf-4b, cmp-2b, cmp-2b-fp8, cmp-4b-fp8, cmp-4b, plan, plan-2b, plan-4b, imgbench
+# Steps: gputests, tf-2b, tf-4b, cmp-2b, cmp-2b-fp8, cmp-4b-fp8, cmp-4b, cmp-8b, cmp-8b-fp8, plan, plan-2b,
+# plan-4b, imgbench
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
@@ -33,6 +34,8 @@ for s in "$@"; do
     cmp-2b-fp8) step cmp-2b-fp8 300 python3 tools/bench/compare.py --out "$d" --preset 2b --fp8 --batch 1,8,32 ;;
     cmp-4b-fp8) step cmp-4b-fp8 300 python3 tools/bench/compare.py --out "$d" --preset 4b --fp8 --batch 1,8,32 ;;
     cmp-4b) step cmp-4b 300 python3 tools/bench/compare.py --out "$d" --preset 4b --batch 1,8,32 ;;
+    cmp-8b) step cmp-8b 420 python3 tools/bench/compare.py --out "$d" --preset 8b --batch 1,8,32 ;;
+    cmp-8b-fp8) step cmp-8b-fp8 420 python3 tools/bench/compare.py --out "$d" --preset 8b --fp8 --batch 1,8,32 ;;
     plan) step plan 540 python3 tools/bench/plan_vs_measured.py --out "$d" --simulate-8gb --refusal ;;
     plan-2b) step plan-2b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,2b-fp8 ;;
     plan-4b) step plan-4b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 4b,4b-fp8 --simulate-8gb --refusal ;;
