@@ -1,0 +1,196 @@
+// Internal to the CUDA backend: the CudaBackend class (backend.h on one device and one stream),
+// whose methods are defined in three translation units:
+//   cuda_backend.cpp         construction, memory and copies, the dispatch of every op but
+//                            Linear (with the deferral of small prologues), the factory and the
+//                            public accessors of cuda_backend.h;
+//   cuda_backend_linear.cpp  weights (load_tensor, load_linear) and the Linear dispatch
+//                            (skinny kernels, fused prologues, cuBLASLt, FP8 paths);
+//   cuda_backend_graphs.cpp  regions, CUDA graphs and profiling.
+// Ordinary C++: kernels are reached through kernels.h, cuBLASLt through gemm.h, growable regions
+// through region.h. Everything the ops need beyond their arguments (workspaces, scratch) is
+// allocated in init(), so nothing is allocated while generating.
+//
+// Invariant: at most one op is deferred at a time (pending_ or prep_); every op that does not
+// fuse it calls flush() first, so results never depend on whether a fusion happened.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/region.h"
+#include "backend/cuda/weight_stream.h"
+
+#define QVL_CUDA_OK(expr)                                                                 \
+  do {                                                                                    \
+    cudaError_t qvl_e_ = (expr);                                                          \
+    QVL_CHECK(qvl_e_ == cudaSuccess) << #expr << ": " << cudaGetErrorName(qvl_e_) << " (" \
+                                     << cudaGetErrorString(qvl_e_) << ")";                \
+  } while (0)
+
+namespace qvl::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& options, const CudaDeviceInfo& info, size_t context_bytes)
+      : options_(options), info_(info), context_bytes_(context_bytes), stats_(std::make_shared<AllocationStats>()) {}
+  ~CudaBackend() override;
+
+  // Creates the stream and every workspace (resource-exhausted when they do not fit).
+  Status init();
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda:" + std::to_string(info_.ordinal) + " (" + info_.name + ")"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  CudaFp8GemmCounts fp8_gemm_counts() const { return fp8_counts_; }
+  void quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x);
+  CudaMemoryStats memory_stats() const;
+
+  // ---- memory ----
+  Result<DeviceBuffer> allocate(size_t bytes, const std::string& tag) override;
+  void copy_to_device(Tensor dst, const void* host_src) override;
+  void copy_to_device_async(Tensor dst, const void* host_src) override;
+  void copy_to_host(void* host_dst, const Tensor& src) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  void synchronize() override;
+
+  // ---- weights ----
+  Result<Tensor> load_tensor(const Tensor& host, DType as) override;
+  Result<LinearWeight> load_linear(std::span<const LinearPart> parts, const Tensor& host_bias, int block_size) override;
+
+  // ---- layer offload ----
+  bool can_stream_weights() const override { return true; }
+  Result<DeviceBuffer> allocate_host(size_t bytes, const std::string& tag) override;
+  void set_weight_placement(WeightPlacement* placement) override { placement_ = placement; }
+  void prefetch(int slot, void* dst, const void* host_src, size_t bytes) override;
+  void wait_prefetch(int slot) override;
+
+  // ---- ops ----
+  void embedding(Tensor out, const Tensor& table, const Tensor& ids) override;
+  void scatter_rows(Tensor x, const Tensor& rows, const Tensor& src, bool accumulate) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+  void rms_norm(Tensor out, const Tensor& x, const Tensor& weight, float eps) override;
+  void layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) override;
+  void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) override;
+  void silu_mul(Tensor out, const Tensor& gate_up) override;
+  void argmax_rows(Tensor ids, const Tensor& logits) override;
+  void convert(Tensor out, const Tensor& x) override;
+  void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge, int temporal) override;
+  void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override;
+  void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) override;
+  void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
+                        float scale) override;
+  void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, const MropeSpec& rope,
+                        const TextBatch& batch, const KvCacheView& cache, int layer,
+                        const TextAttentionShape& shape) override;
+  void text_attention(Tensor out, const Tensor& qkv, const TextBatch& batch, const KvCacheView& cache, int layer,
+                      const TextAttentionShape& shape, float scale) override;
+  bool decoder_stack(Tensor x, const DecoderStack& stack, const TextBatch& batch, const KvCacheView& cache,
+                     const DecoderStackBuffers& buffers) override;
+
+  // ---- regions and graphs ----
+  Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag) override;
+  void run_graph(const std::string& key, const std::function<void()>& record) override;
+  void clear_graphs() override;
+
+  // Profiling (cuda_profile_start / cuda_profile_stop).
+  void profile_start(double hold_ms);
+  std::vector<CudaKernelTime> profile_stop();
+
+ private:
+  // The decode scratch: split partials, then the argmax keys and counters, then the split
+  // decode's arrival counters.
+  static constexpr size_t kArgmaxScratchBytes = kArgmaxMaxRows * kArgmaxRowScratchBytes;
+  void* argmax_scratch() const {
+    return static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t) -
+           kArgmaxScratchBytes;
+  }
+  uint32_t* decode_counters() const {
+    return reinterpret_cast<uint32_t*>(static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() -
+                                       kDecodeSplitBlocks * sizeof(uint32_t));
+  }
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (!stream_ || cudaStreamIsCapturing(stream_, &st) != cudaSuccess) return false;
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  // Device memory for a weight: carved from the weight placement while one is set (layer
+  // offload lays a layer out in a staging buffer), else a fresh allocation.
+  Result<DeviceBuffer> weight_memory(size_t bytes, const std::string& tag);
+  // Copies `host` to device memory at dst as dtype `as` (converting on the host if needed).
+  Status upload_converted(void* dst, const Tensor& host, DType as);
+
+  void gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep);
+
+  // An RMSNorm or SiLU·mul over few rows whose launch is deferred to the next op: fused into
+  // the prologue of the Linear that reads its output, or launched as is by flush() before any
+  // other op (so results never depend on whether the fusion happened).
+  struct Pending {
+    enum Kind { kNone, kRmsNorm, kSiluMul } kind = kNone;
+    Tensor out, src, weight;
+    float eps = 0;
+  };
+  // A text_qkv_prepare deferred into the decode attention that follows it (see text_attention).
+  struct PendingPrepare {
+    bool active = false;
+    Tensor qkv;
+    cuda::FusedPrepare prepare;
+    TextBatch batch;
+    KvCacheView cache;
+    int layer = 0;
+    TextAttentionShape shape;
+  };
+  static bool same_batch(const TextBatch& a, const TextBatch& b) {
+    return a.num_seqs == b.num_seqs && a.num_tokens == b.num_tokens && a.max_pages_per_seq == b.max_pages_per_seq &&
+           a.query_start.data == b.query_start.data && a.context_len.data == b.context_len.data &&
+           a.page_table.data == b.page_table.data && a.slots.data == b.slots.data &&
+           a.positions.data == b.positions.data;
+  }
+  // Launches the deferred op, if any, as is.
+  void flush();
+
+  // The fused decoder stack's phase stamps of the last profiled launch, as extra records
+  // ("trace:" kernels, not launches): per phase, the mean over blocks of its time in each layer,
+  // summed over layers, and the same for the slowest block of each layer.
+  void append_stack_trace(std::vector<CudaKernelTime>& times);
+
+  // Names the op whose launches follow (profiling only; callers test ctx_.profiler first so
+  // that no label is built otherwise).
+  void note(std::string label, double bytes = 0, double flops = 0) {
+    ctx_.profiler->set_op(std::move(label), bytes, flops);
+  }
+  // "linear 1x2048->4096 bf16 +bias +res +rms_norm", with the weight, input and output bytes.
+  void note_linear(const Tensor& out, const Tensor& x, const LinearWeight& w, const Epilogue& ep, const char* extra);
+
+  CudaBackendOptions options_;
+  CudaDeviceInfo info_;
+  size_t context_bytes_;
+  std::shared_ptr<AllocationStats> stats_;
+  cudaStream_t stream_ = nullptr;
+  LaunchContext ctx_;
+  DeviceBuffer gemm_ws_, dequant_ws_, fp8_act_ws_, decode_scratch_;
+  CudaFp8GemmCounts fp8_counts_;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
+  std::vector<DeviceBuffer> weights_;
+  std::map<std::string, cudaGraphExec_t> graphs_;
+  bool fusion_ = true;
+  Pending pending_;
+  WeightPlacement* placement_ = nullptr;
+  cuda::WeightStream weight_stream_;  // created by the first allocate_host
+  PendingPrepare prep_;
+  std::unique_ptr<cuda::OpProfiler> profiler_;
+  DeviceBuffer stack_trace_;  // decoder_stack phase stamps while profiling
+  int trace_layers_ = 0;      // layers of the last traced decoder_stack launch (0: none pending)
+};
+
+}  // namespace qvl::cuda
