@@ -439,16 +439,12 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         mx[r] = -base;
         l[mt][r] *= alpha[r];
       }
-      // Past the first key tiles the running max rarely moves: skip the rescale (HD/2 FMULs a
-      // thread) when no row of the warp's m-tile changed (alpha = 1 exactly: the same bits).
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < D::NO; ++n) {
-          o[mt][n][0] *= alpha[0];
-          o[mt][n][1] *= alpha[0];
-          o[mt][n][2] *= alpha[1];
-          o[mt][n][3] *= alpha[1];
-        }
+      for (int n = 0; n < D::NO; ++n) {
+        o[mt][n][0] *= alpha[0];
+        o[mt][n][1] *= alpha[0];
+        o[mt][n][2] *= alpha[1];
+        o[mt][n][3] *= alpha[1];
       }
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
