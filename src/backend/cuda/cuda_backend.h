@@ -1,5 +1,5 @@
 // The CUDA backend's public face: plain C++ (no CUDA header), so the CLI, the memory planner and
-// tests can name it. The backend itself (cuda_backend.cu and the kernels beside it) implements
+// tests can name it. The backend itself (cuda_backend_impl.h, cuda_backend*.cpp and the kernels beside them) implements
 // backend.h with BF16 activations and fp32 accumulation; weights stay BF16 or FP8 E4M3 with
 // their 128x128 block scales in device memory.
 //

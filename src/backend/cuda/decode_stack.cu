@@ -29,7 +29,7 @@
 // kernels: results agree to fp32 rounding, not bit for bit.
 //
 // Attention of kv head g is split over S blocks (item (g, s) on block g * S + s); the keys of
-// an item go through shared memory in rounds of kKeys; the first round, which holds no key
+// an item go through shared memory in rounds of p.keys; the first round, which holds no key
 // written in this step, is fetched before the item waits for qkv. The last item of a head to
 // arrive merges the S partials.
 //

@@ -1,5 +1,5 @@
 // Internal to the CUDA backend: the kernel launchers, as plain C++ declarations so that the
-// backend class (cuda_backend.cpp) is ordinary C++ and only the .cu files see device code.
+// backend class (cuda_backend_impl.h, cuda_backend*.cpp) is ordinary C++ and only the .cu files see device code.
 // Each launcher checks the shapes it relies on (QVL_CHECK), launches on ctx.stream, and checks
 // the launch. Tensors are device tensors; activations are BF16.
 #pragma once
