@@ -435,7 +435,7 @@ Status run_bench(const BenchOptions& o) {
   }
   if (first != first_host)
     return internal_error("bench: the device argmax gave token " + std::to_string(first) + ", the host " +
-                            std::to_string(first_host));
+                          std::to_string(first_host));
   const double ttft_ms = median(ttft_runs), ttft_host_ms = median(ttft_host_runs);
   const double prefill_ms = std::max(0.0, ttft_ms - vision_ms);
 #ifdef QVL_HAVE_CUDA

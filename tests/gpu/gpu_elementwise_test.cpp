@@ -97,7 +97,8 @@ TEST(GpuOps, RmsNorm) {
        {Case{1, 2048, DType::kF32, false}, Case{7, 2048, DType::kBF16, false}, Case{64, 128, DType::kF32, false},
         Case{5, 100, DType::kF32, false}, Case{3, 8200, DType::kF32, false}, Case{9, 2560, DType::kF32, true},
         // rows past 16 per multiprocessor (8 per block) and a prefill's 802 (4 per block, a partial one)
-        Case{3001, 2048, DType::kF32, false}, Case{802, 2048, DType::kBF16, true}, Case{3001, 4096, DType::kF32, true}}) {
+        Case{3001, 2048, DType::kF32, false}, Case{802, 2048, DType::kBF16, true},
+        Case{3001, 4096, DType::kF32, true}}) {
     Scratch s;
     LoadedTable w = load_vector(c.H, c.wdt, 1.0f, 0.3f);
     Pair x = activation(s, {c.n, c.H}, random_values(c.n * c.H, 2.0f));

@@ -16,7 +16,7 @@ struct CacheGeometry {
   int64_t token_bytes = 0;   // Hkv * dh * element size
   int page_size = 16;
   int page_shift = -1;  // log2(page_size) when it is a power of two (no division per lookup)
-  int esize = 2;  // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
+  int esize = 2;        // 2: BF16 cache, 1: FP8 E4M3 cache (saturated, no scale)
 };
 
 inline CacheGeometry geometry(const KvCacheView& cache, int layer) {

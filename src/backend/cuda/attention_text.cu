@@ -259,7 +259,9 @@ struct Bound {
   __device__ static const bf16* q_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template q_row<HD>(p, t, i);
   }
-  __device__ static auto k_row(const Params& p, const flash::Tile& t, int j) { return Pol::template k_row<HD>(p, t, j); }
+  __device__ static auto k_row(const Params& p, const flash::Tile& t, int j) {
+    return Pol::template k_row<HD>(p, t, j);
+  }
   __device__ static int64_t kv_delta(const Params& p, const flash::Tile& t) { return Pol::kv_delta(p, t); }
   __device__ static bf16* o_row(const Params& p, const flash::Tile& t, int i) {
     return Pol::template o_row<HD>(p, t, i);
