@@ -61,7 +61,7 @@ struct SegmentPolicy {
 
 template <int HD, int SPLIT, int MT>
 constexpr auto kernel() {
-  return flash::flash_kernel<HD, kVisionWarps<MT>, SegmentPolicy<HD>, MT == 2 ? 3 : 2, SPLIT, MT>;
+  return flash::flash_kernel<HD, kVisionWarps<MT>, SegmentPolicy<HD>, 2, SPLIT, MT>;
 }
 
 template <int HD, int MT>
