@@ -666,7 +666,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
   app.add_flag("--no-token-prepare", o->no_token_prepare,
-               "CUDA A/B: text_qkv_prepare with its per-8-heads kernel instead of one block per token");
+               "CUDA A/B: text_qkv_prepare with its per-8-heads kernel instead of the vectorised one");
   app.add_flag("--no-prefill-q-alias", o->no_prefill_q_alias,
                "CUDA A/B: text prefill attention with Q in its own shared memory (2 blocks per SM)");
   app.add_option("--prefill-key-tiles", o->prefill_key_tiles,

@@ -240,7 +240,7 @@ TEST(GpuOps, TextQkvPrepare) {
   per_head_group.token_qkv_prepare = false;
   const std::unique_ptr<Backend> other_be = cuda_backend_with(per_head_group);
   Backend& other = *other_be;
-  // 802/802: 2B's TTFT prefill (32 heads: 4 per warp); 32/8: 4B's 48 heads (6 per warp).
+  // 802/802: 2B's TTFT prefill (32 heads, 200 blocks of 4 tokens and a partial one); 32/8: 4B's 48 heads.
   for (const Case& c :
        {Case{{{1, 1}}, 16, 8, 128, bf}, Case{{{9, 30}, {1, 17}}, 32, 8, 128, bf}, Case{{{5, 5}}, 4, 2, 64, bf},
         Case{{{3, 20}}, 2, 1, 40, bf}, Case{{{9, 30}, {1, 17}}, 16, 8, 128, f8}, Case{{{3, 20}}, 2, 1, 40, f8},

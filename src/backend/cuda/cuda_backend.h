@@ -71,9 +71,9 @@ struct CudaBackendOptions {
   // on sm_90+ (flash.cuh; same results up to fp32 reassociation). Off: one block per query
   // tile, as on older GPUs (tests compare both; benchmarks can A/B).
   bool cluster_attention = true;
-  // text_qkv_prepare for head dims 64 / 128 as one block per token (cos/sin once per token, all
-  // of a warp's heads loaded at once). Off: the one-block-per-8-heads kernel every head dim can
-  // use. Both write the same bits (the GPU test compares them).
+  // text_qkv_prepare for head dims 64 / 128 with 16-byte accesses, 4 tokens per block (cos/sin
+  // once per token). Off: the one-block-per-8-heads kernel every head dim can use. Both write
+  // the same bits (the GPU test compares them).
   bool token_qkv_prepare = true;
   // Vision attention: 16-row m-tiles per warp, 2 (4 warps per 128-row block, each K/V fragment
   // feeding two mmas) or 1 (8 warps). The same bits either way: a row's arithmetic does not

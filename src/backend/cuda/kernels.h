@@ -66,7 +66,7 @@ struct LaunchContext {
   cudaStream_t stream = nullptr;
   bool pdl = false;             // programmatic dependent launch (sm_90+ and enabled)
   bool clusters = false;        // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;    // text_qkv_prepare: one block per token for head dims 64 / 128
+  bool token_prepare = true;    // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
   int vision_mt = 2;            // vision attention: 16-row m-tiles per warp (1 or 2)
   bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
