@@ -403,4 +403,10 @@ CudaMemoryStats cuda_memory_stats(const Backend& backend) {
   return cuda->memory_stats();
 }
 
+void cuda_memory_reset_peak(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  QVL_CHECK(cuda != nullptr) << "cuda_memory_reset_peak of a " << backend.name() << " backend";
+  cuda->reset_peak();
+}
+
 }  // namespace qvl

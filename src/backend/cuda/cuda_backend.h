@@ -175,6 +175,9 @@ struct CudaMemoryStats {
 };
 // Stats of `backend`, which must have been made by make_cuda_backend.
 CudaMemoryStats cuda_memory_stats(const Backend& backend);
+// Restarts the high-water mark at what is allocated now (a benchmark's own scratch before the
+// work it measures does not count).
+void cuda_memory_reset_peak(Backend& backend);
 
 // How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
 // was made (tests and benchmarks check which one did).

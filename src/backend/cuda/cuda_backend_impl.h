@@ -54,6 +54,7 @@ class CudaBackend final : public Backend {
   CudaFp8GemmCounts fp8_gemm_counts() const { return fp8_counts_; }
   void quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x);
   CudaMemoryStats memory_stats() const;
+  void reset_peak() { stats_->peak.store(stats_->allocated.load()); }
 
   // ---- memory ----
   Result<DeviceBuffer> allocate(size_t bytes, const std::string& tag) override;
