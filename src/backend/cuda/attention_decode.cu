@@ -113,6 +113,16 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
+template <bool kFp8>
+__device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
+  if constexpr (kFp8) {
+    return fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(row + chunk * 8));
+  } else {
+    return *reinterpret_cast<const uint4*>(row + chunk * 16);
+  }
+}
+
 // Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
 // (row r < kRound: K of key k0 + r; row kRound + r: V). BF16: cp.async, 16 bytes per thread
 // and step; FP8: 8-byte loads widened to BF16 and stored (synchronously).
@@ -130,35 +140,10 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
     const int pi = page_index(p.cache, j, off);
     const char* src = cache_row(p.cache, pt[pi], off, kvh, HD, v);
     char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
-    if constexpr (kFp8) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(src + chunk * 8);
-      float f[8];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
-        f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
-      }
-      *reinterpret_cast<uint4*>(dst) = pack8(f);
-    } else {
+    if constexpr (kFp8)
+      *reinterpret_cast<uint4*>(dst) = load_kv_chunk<true>(src, chunk);
+    else
       cp_async16(dst, src + chunk * 16);
-    }
-  }
-}
-
-// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
-template <bool kFp8>
-__device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
-  if constexpr (kFp8) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(row + chunk * 8);
-    float f[8];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
-      f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
-    }
-    return pack8(f);
-  } else {
-    return *reinterpret_cast<const uint4*>(row + chunk * 16);
   }
 }
 

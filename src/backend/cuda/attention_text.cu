@@ -124,6 +124,15 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
 constexpr int kVecTokens = 4;
 constexpr int kVecBatch = 4;
 
+// 8 values as an FP8 cache stores them (store_kv: rounded to BF16 first), 8 bytes.
+__device__ __forceinline__ uint2 pack8_fp8(const float (&f)[8]) {
+  uint2 v;
+  uint8_t* b = reinterpret_cast<uint8_t*>(&v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) b[e] = float_to_fp8_e4m3_dev(bf16_round(f[e]));
+  return v;
+}
+
 template <typename W>
 __device__ __forceinline__ void load8f(const W* w, int i, float (&f)[8]) {
 #pragma unroll
@@ -190,7 +199,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     cos_s[t][j] = bf16_round(cosf(f));
     sin_s[t][j] = bf16_round(sinf(f));
   }
-  if (threadIdx.x < kVecTokens) slot_s[threadIdx.x] = tok0 + threadIdx.x < num_tokens ? p.slots[tok0 + threadIdx.x] : -1;
+  if (threadIdx.x < kVecTokens)
+    slot_s[threadIdx.x] = tok0 + threadIdx.x < num_tokens ? p.slots[tok0 + threadIdx.x] : -1;
   const int lane = threadIdx.x & 31, j = lane % G;
   const int group = (threadIdx.x >> 5) * GPW + lane / G;
   float wq_lo[8], wq_hi[8], wk_lo[8], wk_hi[8];
@@ -235,16 +245,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
           *reinterpret_cast<uint4*>(dst + 16 * j) = raw_lo[k];
           *reinterpret_cast<uint4*>(dst + 2 * HALF + 16 * j) = raw_hi[k];
         } else {
-          uint2 a, b;
-          uint8_t* pa = reinterpret_cast<uint8_t*>(&a);
-          uint8_t* pb = reinterpret_cast<uint8_t*>(&b);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            pa[e] = float_to_fp8_e4m3_dev(lo[e]);
-            pb[e] = float_to_fp8_e4m3_dev(hi[e]);
-          }
-          *reinterpret_cast<uint2*>(dst + 8 * j) = a;
-          *reinterpret_cast<uint2*>(dst + HALF + 8 * j) = b;
+          *reinterpret_cast<uint2*>(dst + 8 * j) = pack8_fp8(lo);
+          *reinterpret_cast<uint2*>(dst + HALF + 8 * j) = pack8_fp8(hi);
         }
         continue;
       }
@@ -270,16 +272,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
         *reinterpret_cast<uint4*>(dst + 16 * j) = pack8(out_lo);
         *reinterpret_cast<uint4*>(dst + 2 * HALF + 16 * j) = pack8(out_hi);
       } else {
-        uint2 a, b;
-        uint8_t* pa = reinterpret_cast<uint8_t*>(&a);
-        uint8_t* pb = reinterpret_cast<uint8_t*>(&b);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          pa[e] = float_to_fp8_e4m3_dev(bf16_round(out_lo[e]));
-          pb[e] = float_to_fp8_e4m3_dev(bf16_round(out_hi[e]));
-        }
-        *reinterpret_cast<uint2*>(dst + 8 * j) = a;
-        *reinterpret_cast<uint2*>(dst + HALF + 8 * j) = b;
+        *reinterpret_cast<uint2*>(dst + 8 * j) = pack8_fp8(out_lo);
+        *reinterpret_cast<uint2*>(dst + HALF + 8 * j) = pack8_fp8(out_hi);
       }
     }
   }

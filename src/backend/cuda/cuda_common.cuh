@@ -142,6 +142,17 @@ __device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
   const float f = __uint_as_float(static_cast<uint32_t>(b & 0x7f) << 20) * 0x1p120f;
   return (b & 0x80) ? -f : f;
 }
+// 8 FP8 E4M3 values (8 bytes) widened exactly to 8 BF16 (16 bytes): an FP8 KV cache row read
+// as the BF16 tiles attention works on.
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
+  float f[8];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
+    f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
+  }
+  return pack8(f);
+}
 // float -> FP8 E4M3, round to nearest even, saturating at +-448 (the KV cache's conversion).
 __device__ __forceinline__ uint8_t float_to_fp8_e4m3_dev(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));

@@ -179,15 +179,6 @@ __device__ __forceinline__ void load_kv_rows(bf16* dk, bf16* dv, int valid, int6
 
 // The same for an FP8 E4M3 source (the FP8 KV cache): 8-byte loads, widened to BF16 exactly,
 // ordinary shared-memory stores (no cp.async: the data changes form on the way).
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
-  float f[8];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
-    f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
-  }
-  return pack8(f);
-}
 template <int HD, int ROWS, int THREADS, class RowFn>
 __device__ __forceinline__ void load_kv_rows_fp8(bf16* dk, bf16* dv, int valid, int64_t delta, RowFn row) {
   using D = Dims<HD>;
@@ -196,8 +187,8 @@ __device__ __forceinline__ void load_kv_rows_fp8(bf16* dk, bf16* dv, int valid, 
     uint4 k = make_uint4(0, 0, 0, 0), v = k;
     if (r < valid) {
       const uint8_t* src = row(r) + col * 8;
-      k = widen_fp8x8(*reinterpret_cast<const uint2*>(src));
-      v = widen_fp8x8(*reinterpret_cast<const uint2*>(src + delta));
+      k = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src));
+      v = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + delta));
     }
     *reinterpret_cast<uint4*>(dk + r * D::SK + col * 8) = k;
     *reinterpret_cast<uint4*>(dv + r * D::SK + col * 8) = v;
