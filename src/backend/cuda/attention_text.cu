@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
 // 16, 8, 4, 2, 1. Here the dims of "lane l" sit in lanes j = l/8 (and j + 4 at head dim 128) of
 // the group, element l % 8; the partner values come over by shuffles, the xor-16 and xor-8
 // steps are shuffles inside the group and xor 4, 2, 1 are register pairs. Every element then
-// goes through the same roundings, so both kernels, and the decode attention's fused prepare,
-// write the same bits (GPU test).
+// goes through the same roundings, so the two kernels write the same bits (GPU test), and so
+// does the decode attention's fused prepare, which sums in the per-8-heads kernel's order too.
 constexpr int kVecTokens = 4;
 constexpr int kVecBatch = 4;
 
