@@ -75,25 +75,21 @@ void run_row_copy(const LaunchContext& ctx, const RowCopy& p, DType src_dtype) {
 
 // ---- SiLU · mul ----
 // out[r, j] = bf16(bf16(silu(g)) * u), g = gate_up[r, j], u = gate_up[r, I + j]
-// I: the index type, 32-bit where rows * inter / 8 fits (a 64-bit division per vector was a
-// sixth of the kernel's instructions).
-template <typename I>
-__global__ void silu_mul_kernel(bf16* out, const bf16* gate_up, I rows, I inter) {
+__global__ void silu_mul_kernel(bf16* out, const bf16* gate_up, int64_t rows, int64_t inter) {
   grid_dep_wait();
   grid_dep_launch();
-  const I per_row = inter / 8;
-  const I total = rows * per_row;
-  for (I v = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; v < total;
-       v += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I r = v / per_row, c = v - r * per_row;
-    const uint4* g4 = reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(r) * 2 * inter);
-    const uint4* u4 = reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(r) * 2 * inter + inter);
+  const int64_t per_row = inter / 8;
+  const int64_t total = rows * per_row;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = v / per_row, c = v % per_row;
+    const uint4* g4 = reinterpret_cast<const uint4*>(gate_up + r * 2 * inter);
+    const uint4* u4 = reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter);
     float g[8], u[8], o[8];
     unpack8(g4[c], g);
     unpack8(u4[c], u);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = bf16_round(silu(g[e])) * u[e];
-    reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * inter)[c] = pack8(o);
+    reinterpret_cast<uint4*>(out + r * inter)[c] = pack8(o);
   }
 }
 __global__ void silu_mul_scalar_kernel(bf16* out, const bf16* gate_up, int64_t rows, int64_t inter) {
@@ -351,16 +347,8 @@ void launch_silu_mul(const LaunchContext& ctx, Tensor out, const Tensor& gate_up
   QVL_CHECK_EQ(gate_up.dim(0), rows);
   QVL_CHECK_EQ(gate_up.row_numel(), 2 * inter);
   if (inter % 8 == 0) {
-    // 32-bit indices while every vector index and the loop's last step stay below 2^31.
-    const bool i32 = rows * inter / 8 + static_cast<int64_t>(grid_for(rows * inter / 8, 256, ctx.num_sms)) * 256 <
-                     (int64_t{1} << 31);
-    const dim3 grid(grid_for(rows * inter / 8, 256, ctx.num_sms));
-    if (i32)
-      launch(ctx, "silu_mul", silu_mul_kernel<int32_t>, grid, dim3(256), 0, out.as<bf16>(), gate_up.as<bf16>(),
-             static_cast<int32_t>(rows), static_cast<int32_t>(inter));
-    else
-      launch(ctx, "silu_mul", silu_mul_kernel<int64_t>, grid, dim3(256), 0, out.as<bf16>(), gate_up.as<bf16>(), rows,
-             inter);
+    launch(ctx, "silu_mul", silu_mul_kernel, dim3(grid_for(rows * inter / 8, 256, ctx.num_sms)), dim3(256), 0,
+           out.as<bf16>(), gate_up.as<bf16>(), rows, inter);
   } else {
     launch(ctx, "silu_mul", silu_mul_scalar_kernel, dim3(grid_for(rows * inter, 256, ctx.num_sms)), dim3(256), 0,
            out.as<bf16>(), gate_up.as<bf16>(), rows, inter);
