@@ -24,13 +24,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "cli/bench_support.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
 #include "core/arena.h"
@@ -50,8 +50,17 @@
 namespace qvl::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::copy_bandwidth;
+using bench::decode_weight_bytes;
+using bench::median;
+using bench::ms_since;
+using bench::parse_batches;
+using bench::synthetic_rgb;
 using nlohmann::json;
+#ifdef QVL_HAVE_CUDA
+using bench::profile_table;
+#endif
 
 struct BenchOptions {
   ModelArgs model;
@@ -77,132 +86,6 @@ struct BenchOptions {
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
 };
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-Result<std::vector<int>> parse_batches(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      int b = std::stoi(item, &used);
-      if (used != item.size() || b < 1) throw std::invalid_argument(item);
-      out.push_back(b);
-    } catch (const std::exception&) {
-      return invalid_argument("--batch " + s + ": '" + item + "' is not a positive integer");
-    }
-  }
-  if (out.empty()) return invalid_argument("--batch " + s + ": no batch sizes");
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-// Bytes of a device tensor / Linear as the decode step reads them.
-int64_t linear_bytes(const LinearWeight& w) {
-  int64_t b = static_cast<int64_t>(w.bias.nbytes());
-  for (const LinearPart& p : w.parts) b += static_cast<int64_t>(p.weight.nbytes() + p.scale_inv.nbytes());
-  return b;
-}
-int64_t decode_weight_bytes(const ModelWeights& w, int64_t batch) {
-  const TextWeights& t = w.text;
-  int64_t b = 0;
-  for (const DecoderLayerWeights& l : t.layers) {
-    b += linear_bytes(l.qkv) + linear_bytes(l.o) + linear_bytes(l.gate_up) + linear_bytes(l.down);
-    b += static_cast<int64_t>(l.input_norm.nbytes() + l.post_attention_norm.nbytes() + l.q_norm.nbytes() +
-                              l.k_norm.nbytes());
-  }
-  b += static_cast<int64_t>(t.final_norm.nbytes()) + linear_bytes(t.lm_head);
-  b += batch * t.embed_tokens.row_numel() * dtype_size(t.embed_tokens.dtype);  // one embedding row per sequence
-  return b;
-}
-
-// Device-to-device copy bandwidth in GB/s, counting the bytes read and the bytes written: the
-// median of 5 runs of 4 copies between two buffers of 1 GiB (256 MiB on the CPU backend).
-Result<double> copy_bandwidth(Backend& be, bool device) {
-  const size_t bytes = device ? (size_t{1} << 30) : (size_t{256} << 20);
-  QVL_ASSIGN_OR_RETURN(DeviceBuffer a, be.allocate(bytes, "bench copy source"));
-  QVL_ASSIGN_OR_RETURN(DeviceBuffer b, be.allocate(bytes, "bench copy destination"));
-  Tensor ta(a.data(), DType::kU8, {static_cast<int64_t>(bytes)}, be.device());
-  Tensor tb(b.data(), DType::kU8, {static_cast<int64_t>(bytes)}, be.device());
-  be.copy(tb, ta);
-  be.synchronize();
-  std::vector<double> runs;
-  for (int r = 0; r < 5; ++r) {
-    const auto t = Clock::now();
-    for (int i = 0; i < 4; ++i) be.copy(i % 2 ? ta : tb, i % 2 ? tb : ta);
-    be.synchronize();
-    runs.push_back(ms_since(t) / 4);
-  }
-  return 2.0 * static_cast<double>(bytes) / (median(runs) * 1e-3) / 1e9;
-}
-
-#ifdef QVL_HAVE_CUDA
-// One profile table: launches grouped by op label, largest total first, printed to stderr.
-json profile_table(const std::string& title, const std::vector<CudaKernelTime>& times) {
-  struct Row {
-    std::string op, kernel;
-    int calls = 0;
-    double us = 0, bytes = 0, flops = 0;
-  };
-  std::vector<Row> rows;
-  std::map<std::string, size_t> index;
-  double total = 0, span = 0;
-  for (const CudaKernelTime& t : times) {
-    auto [it, fresh] = index.emplace(t.op, rows.size());
-    if (fresh) rows.push_back({t.op, t.kernel});
-    Row& r = rows[it->second];
-    if (r.kernel.find(t.kernel) == std::string::npos) r.kernel += "," + t.kernel;
-    r.calls += 1;
-    r.us += t.us;
-    r.bytes += t.bytes;
-    r.flops += t.flops;
-    total += t.us;
-    span = std::max(span, t.start_us + t.us);
-  }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.us > b.us; });
-  std::fprintf(stderr, "\n== profile: %s: %zu launches, %.1f us in kernels, %.1f us first start to last end ==\n",
-               title.c_str(), times.size(), total, span);
-  std::fprintf(stderr, "%10s %6s %6s %9s %8s %8s  %s\n", "total_us", "share", "calls", "mean_us", "GB/s", "TFLOP/s",
-               "op [kernels]");
-  json out = json::array();
-  for (const Row& r : rows) {
-    const double gbps = r.bytes > 0 ? r.bytes / (r.us * 1e-6) / 1e9 : 0.0;
-    const double tflops = r.flops > 0 ? r.flops / (r.us * 1e-6) / 1e12 : 0.0;
-    std::fprintf(stderr, "%10.1f %5.1f%% %6d %9.2f %8.0f %8.1f  %s [%s]\n", r.us, 100.0 * r.us / total, r.calls,
-                 r.us / r.calls, gbps, tflops, r.op.c_str(), r.kernel.c_str());
-    out.push_back({{"op", r.op},
-                   {"kernels", r.kernel},
-                   {"calls", r.calls},
-                   {"us", r.us},
-                   {"bytes", r.bytes},
-                   {"flops", r.flops},
-                   {"gbps", gbps},
-                   {"tflops", tflops}});
-  }
-  return json{{"title", title}, {"launches", times.size()}, {"kernel_us", total}, {"span_us", span}, {"ops", out}};
-}
-#endif
-
-// A deterministic RGB8 image of n bytes (an LCG's high bits).
-std::vector<uint8_t> synthetic_rgb(int64_t n) {
-  std::vector<uint8_t> v(static_cast<size_t>(n));
-  uint32_t s = 12345;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<uint8_t>(s >> 24);
-  }
-  return v;
-}
 
 Status run_bench(const BenchOptions& o) {
   QVL_ASSIGN_OR_RETURN(std::vector<int> batches, parse_batches(o.batches));

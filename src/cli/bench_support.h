@@ -1,0 +1,45 @@
+// Pieces of `qvl bench` (cmd_bench.cpp) that are not the benchmark itself: timing helpers, the
+// --batch parser, the bytes a decode step reads, the copy-bandwidth test behind the floor, the
+// per-op profile table, and the synthetic test image.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/weights.h"
+#ifdef QVL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace qvl::cli::bench {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t);
+double median(std::vector<double> v);
+
+// "1,8,32" -> {1, 8, 32}, sorted, duplicates removed; invalid-argument naming the bad item.
+Result<std::vector<int>> parse_batches(const std::string& s);
+
+// Bytes a decode step of `batch` sequences reads: every text weight once, one embedding row per
+// sequence (the KV cache is counted by the caller).
+int64_t decode_weight_bytes(const ModelWeights& w, int64_t batch);
+
+// Device-to-device copy bandwidth in GB/s, counting the bytes read and the bytes written: the
+// median of 5 runs of 4 copies between two buffers of 1 GiB (256 MiB on the CPU backend).
+Result<double> copy_bandwidth(Backend& be, bool device);
+
+#ifdef QVL_HAVE_CUDA
+// One profile table: launches grouped by op label, largest total first, printed to stderr.
+nlohmann::json profile_table(const std::string& title, const std::vector<CudaKernelTime>& times);
+#endif
+
+// A deterministic RGB8 image of n bytes (an LCG's high bits).
+std::vector<uint8_t> synthetic_rgb(int64_t n);
+
+}  // namespace qvl::cli::bench
