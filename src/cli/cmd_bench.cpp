@@ -354,7 +354,7 @@ Status run_bench(const BenchOptions& o) {
     be.synchronize();
     cuda_profile_start(be, 50.0);
     QVL_RETURN_IF_ERROR(prefill(&first, true));
-    profiles.push_back(profile_table("TTFT (vision + prefill of " + std::to_string(L) + " tokens + logits to host)",
+    profiles.push_back(profile_table("TTFT (vision + prefill of " + std::to_string(L) + " tokens + the device argmax)",
                                      cuda_profile_stop(be)));
   }
 #endif
