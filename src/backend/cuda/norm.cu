@@ -1,6 +1,6 @@
 // RMSNorm and LayerNorm over the last dimension. Rows up to 4096 wide (multiples of 8): one warp
 // per row, the row held in registers as packed BF16 between the statistics (warp shuffles, no
-// barrier) and the output pass, 4 rows per block. Rows up to 8192 wide: one block per row, the
+// barrier) and the output pass, 4 or 8 rows per block. Rows up to 8192 wide: one block per row, the
 // same in registers across 128 threads. Other widths take a two-pass scalar path. Numerics follow
 // the reference:
 //   RMSNorm   out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))   (normalise, round, then weight)
