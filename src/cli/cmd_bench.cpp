@@ -75,13 +75,14 @@ struct BenchOptions {
   bool no_graphs = false;
   int offload_layers = 0;
   bool profile = false;
-  std::string skinny;  // "variant[,depth[,split]]"
+  std::string skinny;  // "variant[,depth[,split[,group[,prewait]]]]"
   bool fused_decode = false;
   bool no_cluster_attention = false;  // A/B: one block per query tile in vision / prefill attention
   bool no_token_prepare = false;      // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                  // A/B: vision attention m-tiles per warp
   bool no_prefill_q_alias = false;    // A/B: prefill attention with Q in its own shared memory
   int prefill_key_tiles = 8;          // A/B: prefill attention key tiles per block before a split
+  int decode_split_blocks = 0;        // A/B: decode attention split blocks (0: the default)
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -127,11 +128,13 @@ Status run_bench(const BenchOptions& o) {
       std::stringstream in(o.skinny);
       std::string item;
       while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
-      if (v.empty() || v.size() > 3)
-        return invalid_argument("--cuda-skinny " + o.skinny + ": expected variant[,depth[,split]]");
+      if (v.empty() || v.size() > 5)
+        return invalid_argument("--cuda-skinny " + o.skinny + ": expected variant[,depth[,split[,group[,prewait]]]]");
       opts.skinny_variant = v[0];
       opts.skinny_depth = v.size() > 1 ? v[1] : 0;
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
+      opts.skinny_group = v.size() > 3 ? v[3] : 0;
+      opts.skinny_prewait = v.size() > 4 ? v[4] : 0;
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
@@ -139,6 +142,7 @@ Status run_bench(const BenchOptions& o) {
     opts.vision_attention_mt = o.vision_mt;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
     opts.prefill_key_tiles = o.prefill_key_tiles;
+    opts.decode_split_blocks = o.decode_split_blocks;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -569,12 +573,16 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "CUDA A/B: text prefill attention splits a query tile's keys over 2 or 4 blocks past this "
                  "many 64-key tiles (8)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--decode-split-blocks", o->decode_split_blocks,
+                 "CUDA A/B: decode attention blocks over sequences x kv heads x splits (256)")
+      ->check(CLI::Range(0, 256));
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
-  app.add_option("--cuda-skinny", o->skinny, "Decode Linear kernel override: variant[,depth[,split]] (benchmarks)");
+  app.add_option("--cuda-skinny", o->skinny,
+                 "Decode Linear kernel override: variant[,depth[,split[,group[,prewait]]]] (benchmarks)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
   app.add_option(

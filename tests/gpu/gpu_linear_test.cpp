@@ -286,6 +286,41 @@ TEST(GpuOps, LinearFp8) {
   for (const Case& c : cases) run_case(c);
 }
 
+// The one-tile skinny kernel's load orders (kernels.h SkinnyTuning: group = chunks a warp loads
+// at once, prewait = groups issued before the PDL wait), each forced on decode shapes whose
+// warps hold one chunk, part of a group, two groups and more (K = 1008, 2048, 2560, 9728), at one
+// row and at 8 and 17 rows, BF16 and FP8 (block and per-row scales).
+TEST(GpuOps, LinearSkinnyLoadOrders) {
+  QVL_REQUIRE_CUDA();
+  const auto none = Activation::kNone;
+  const std::vector<Case> fp8_cases = {
+      {1, 1008, {300}, true, false, Activation::kGeluTanh, 0},  // 8 chunks, the last one short
+      {1, 2560, {200, 184}, true, true, none, 1},               // 20 chunks, per-row scales
+      {1, 9728, {256}, true, false, none, 2},                   // 76 chunks: groups in turn
+      {8, 2048, {2048}, true, false, none, 2},
+      {17, 2560, {384}, true, true, none, 0},
+  };
+  const std::vector<Case> bf16_cases = {
+      {1, 1000, {64, 64}, false, false, none, 0},  // K % 128 != 0
+      {1, 6144, {272}, false, false, none, 2},
+      {8, 2048, {512}, false, true, none, 1},
+  };
+  for (int group : {1, 2}) {
+    for (int prewait : {1, 2}) {
+      CudaBackendOptions o;
+      o.skinny_variant = 1;
+      o.skinny_group = group;
+      o.skinny_prewait = prewait;
+      auto be = make_cuda_backend(o);
+      ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+      SCOPED_TRACE("group " + std::to_string(group) + " prewait " + std::to_string(prewait));
+      for (const Case& c : fp8_cases) run_case(c, **be);
+      if (group == 1)  // BF16 chunks already fill a load round
+        for (const Case& c : bf16_cases) run_case(c, **be);
+    }
+  }
+}
+
 // FP8 Linears over more than 128 rows on sm_90: the W8A8 path (quantised activations,
 // block-scaled cuBLASLt) against the host doing the same quantisation and exact dot products.
 // Row counts 1..5 past the skinny passes and 802 (a 4B prefill) leave 1..7 rows to the tail

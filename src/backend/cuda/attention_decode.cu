@@ -563,7 +563,8 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
     launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
     return;
   }
-  int splits = kDecodeSplitBlocks / std::max(1, batch.num_seqs * shape.num_kv_heads);
+  const int split_blocks = ctx.decode_split_blocks > 0 ? ctx.decode_split_blocks : kDecodeSplitBlocks;
+  int splits = split_blocks / std::max(1, batch.num_seqs * shape.num_kv_heads);
   splits = std::clamp(splits, 1, kDecodeMaxSplits);
   if (splits > 1) {
     const size_t need = static_cast<size_t>(batch.num_seqs) * shape.num_q_heads * splits * (hd + 2) * sizeof(float);

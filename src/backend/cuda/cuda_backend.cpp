@@ -32,9 +32,11 @@ Status CudaBackend::init() {
   ctx_.vision_mt = options_.vision_attention_mt == 1 ? 1 : 2;
   ctx_.prefill_q_alias = options_.prefill_q_alias;
   ctx_.prefill_key_tiles = std::max(1, options_.prefill_key_tiles);
+  ctx_.decode_split_blocks = std::clamp(options_.decode_split_blocks, 0, kDecodeSplitBlocks);
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
-  ctx_.skinny = {options_.skinny_variant, options_.skinny_depth, options_.skinny_split};
+  ctx_.skinny = {options_.skinny_variant, options_.skinny_depth, options_.skinny_split, options_.skinny_group,
+                 options_.skinny_prewait};
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
   QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
   if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {

@@ -85,15 +85,21 @@ struct CudaBackendOptions {
   // Text prefill attention: a query tile's keys are split over a cluster of 2 or 4 blocks
   // (sm_90+) once they span more than this many 64-key tiles (twice as many: 4 blocks).
   int prefill_key_tiles = 8;
+  // Decode attention: blocks a step's splits may take, (sequences x kv heads x splits); 0 =
+  // kDecodeSplitBlocks, the most the scratch holds.
+  int decode_split_blocks = 0;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.
   bool fuse_prologues = true;
   // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny): 0 = per-shape
-  // defaults; 1 = one 16-row tile per block; 2 = streaming warps (depth, split; 0 = default).
+  // defaults; 1 = one 16-row tile per block (group, prewait); 2 = streaming warps (depth,
+  // split); 0 = default.
   int skinny_variant = 0;
   int skinny_depth = 0;
   int skinny_split = 0;
+  int skinny_group = 0;
+  int skinny_prewait = 0;
   // Experimental, off: a decode step of one sequence runs the whole decoder stack as one
   // persistent kernel (decode_stack.cu, sm_90+) instead of layer by layer. Correct (GPU tests),
   // but slower so far on an H100 (2B BF16 2.15 against 2.0 ms per step; see

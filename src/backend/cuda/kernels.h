@@ -53,12 +53,15 @@ class OpProfiler {
 };
 
 // Which decode Linear kernel runs (skinny.cu): 0 = the default for the shape. Benchmarks set it
-// to compare: variant 1 = one 16-row tile per block, K over the 8 warps; 2 = streaming warps
-// (depth = chunks in flight per warp, split = warps sharing one row tile's K).
+// to compare: variant 1 = one 16-row tile per block, K over the 8 warps (group = 128-column
+// chunks a warp loads at once, prewait = groups loaded before the PDL wait, 1 or 2); 2 =
+// streaming warps (depth = chunks in flight per warp, split = warps sharing one row tile's K).
 struct SkinnyTuning {
   int variant = 0;
   int depth = 0;
   int split = 0;
+  int group = 0;
+  int prewait = 0;
 };
 
 // Launch settings shared by every kernel launch of one backend.
@@ -70,6 +73,7 @@ struct LaunchContext {
   int vision_mt = 2;            // vision attention: 16-row m-tiles per warp (1 or 2)
   bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
+  int decode_split_blocks = 0;  // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;

@@ -7,10 +7,59 @@ namespace qvl::cuda {
 namespace skinny {
 namespace {
 
-template <bool kFp8, int NT, int PRO>
-__global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(const SkinnyParams p) {
-  using C = Chunk<kFp8>;
-  constexpr int S = C::kSteps;
+// A warp's chunk group c: chunks c, c + kWarps, ..., c + kWarps (G - 1), with their FP8 block
+// scales of rows ra and rb (loaded with the weights, so that no scale load waits after the math).
+template <bool kFp8, int G>
+struct Group {
+  uint4 w[G][2 * Chunk<kFp8>::kSteps];
+  float sa[G], sb[G];
+};
+
+// Loads group c: chunks past the end are zeros and cost no load.
+template <bool kFp8, int G>
+__device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, int ra, int rb, int t,
+                                           Group<kFp8, G>& grp) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    const int ci = c + i * kWarps;
+    load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
+    if (kFp8 && ci < nchunks) {
+      grp.sa[i] = __ldg(p.scale + static_cast<int64_t>(ra / p.rows_per_scale) * p.scale_cols + ci);
+      grp.sb[i] = __ldg(p.scale + static_cast<int64_t>(rb / p.rows_per_scale) * p.scale_cols + ci);
+    }
+  }
+}
+
+// acc += the group's partial sums, each chunk times its block scale (FP8), in chunk order.
+template <bool kFp8, int G, int NT, int PRO>
+__device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int nchunks, int t, int g,
+                                              const Group<kFp8, G>& grp, const PrologueSmem& pro_smem,
+                                              float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    const int ci = c + i * kWarps;
+    if (ci >= nchunks) break;
+    float part[NT][4];
+    chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
+    const float sa = kFp8 ? grp.sa[i] : 1.0f, sb = kFp8 ? grp.sb[i] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      acc[j][0] += part[j][0] * sa;
+      acc[j][1] += part[j][1] * sa;
+      acc[j][2] += part[j][2] * sb;
+      acc[j][3] += part[j][3] * sb;
+    }
+  }
+}
+
+// G = 128-column chunks a warp loads at once (FP8 2: a BF16 chunk's bytes per load round).
+// Two groups are in flight per warp (buffers A and B in turn: no register copy that would wait
+// on a load). With prewait = 2 both are issued before the PDL wait, so a block whose warps hold
+// at most two groups (K <= 2048 BF16, 4096 FP8) has its weights on the way while the previous
+// kernel finishes.
+template <bool kFp8, int G, int NT, int PRO>
+__global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(const SkinnyParams p, int prewait) {
+  constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
   __shared__ float red[kWarps][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
 
@@ -27,33 +76,26 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  uint4 wcur[2 * S], wnext[2 * S];
+  Group<kFp8, G> wa, wb;
   int c = warp;
-  if (c < nchunks) load_weights<kFp8>(p, c, ra, rb, t, wcur);  // weights: safe before the wait
+  // Weights are never written by a kernel: safe before the wait.
+  load_group<kFp8, G>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO>(p, pro_smem, pw);
+  if (prewait <= 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
 
-  for (; c < nchunks; c += kWarps) {
-    if (c + kWarps < nchunks) load_weights<kFp8>(p, c + kWarps, ra, rb, t, wnext);
-    float part[NT][4];
-    chunk_mma<kFp8, NT, PRO>(p, c, t, g, wcur, pro_smem, part);
-    float sa = 1.0f, sb = 1.0f;
-    if (kFp8) {
-      sa = __ldg(p.scale + static_cast<int64_t>(ra / p.rows_per_scale) * p.scale_cols + c);
-      sb = __ldg(p.scale + static_cast<int64_t>(rb / p.rows_per_scale) * p.scale_cols + c);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      acc[j][0] += part[j][0] * sa;
-      acc[j][1] += part[j][1] * sa;
-      acc[j][2] += part[j][2] * sb;
-      acc[j][3] += part[j][3] * sb;
-    }
-#pragma unroll
-    for (int i = 0; i < 2 * S; ++i) wcur[i] = wnext[i];
+  while (c < nchunks) {
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wa, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    c += kStride;
+    if (c >= nchunks) break;
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wb, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    c += kStride;
   }
 
   // C fragment: acc[j][0..1] = rows g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g+8.
@@ -76,33 +118,33 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? 2 : 1) skinny_kernel(co
   }
 }
 
-template <bool kFp8>
-void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro) {
+template <bool kFp8, int G>
+void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
   const dim3 grid(ceil_div(p.N, kRows)), block(kWarps * 32);
   const int nt = (p.n + 7) / 8;
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, 1, SkinnyPrologue::kRmsNorm>, grid, block,
-             prologue_bytes(p), p);
+      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm>, grid, block,
+             prologue_bytes(p), p, prewait);
     else
-      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, 1, SkinnyPrologue::kSiluMul>, grid, block,
-             prologue_bytes(p), p);
+      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul>, grid, block,
+             prologue_bytes(p), p, prewait);
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
   switch (nt) {
     case 1:
-      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 1, kN>, grid, block, 0, p);
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 1, kN>, grid, block, 0, p, prewait);
       break;
     case 2:
-      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 2, kN>, grid, block, 0, p);
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 2, kN>, grid, block, 0, p, prewait);
       break;
     case 3:
-      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 3, kN>, grid, block, 0, p);
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 3, kN>, grid, block, 0, p, prewait);
       break;
     case 4:
-      launch(ctx, "skinny_linear", skinny_kernel<kFp8, 4, kN>, grid, block, 0, p);
+      launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 4, kN>, grid, block, 0, p, prewait);
       break;
     default:
       QVL_CHECK(false) << "skinny_linear: " << p.n << " rows (at most " << kSkinnyMaxRows << ")";
@@ -115,11 +157,20 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
 // persistent streaming kernel on every shape (lm_head: 140 against 174 us) except tall ones
 // (>= 4096 row tiles, lm_head) over more than 16 rows, where their 4 token tiles need too many
 // registers: there the streaming warps with whole rows win (227 against 292 us at 32 rows).
+// One-tile blocks of one row load two groups before the PDL wait, FP8 two chunks per group;
+// with more rows both cost time (qvl bench A/B on an H100, 2B / 2B FP8 / 4B FP8 decode step:
+// batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
 SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
   SkinnyTuning t = ctx.skinny;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
-  if (t.variant == 1) return t;
+  if (t.variant == 1) {
+    if (t.group == 0) t.group = fp8 && p.n == 1 ? 2 : 1;
+    if (t.prewait == 0) t.prewait = p.n == 1 ? 2 : 1;
+    QVL_CHECK((t.group == 1 || (fp8 && t.group == 2)) && (t.prewait == 1 || t.prewait == 2))
+        << "skinny group " << t.group << ", prewait " << t.prewait;
+    return t;
+  }
   if (t.split == 0) t.split = tiles >= 4096 ? 1 : kWarps;
   if (t.depth == 0) t.depth = fp8 ? 4 : 2;
   QVL_CHECK(t.split == 1 || t.split == 2 || t.split == 4 || t.split == 8) << "skinny split " << t.split;
@@ -192,7 +243,12 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
   if (tune.variant == 1) {
-    fp8 ? launch_nt<true>(ctx, p, pro.kind) : launch_nt<false>(ctx, p, pro.kind);
+    if (!fp8)
+      launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
+    else if (tune.group == 2)
+      launch_nt<true, 2>(ctx, p, pro.kind, tune.prewait);
+    else
+      launch_nt<true, 1>(ctx, p, pro.kind, tune.prewait);
   } else {
     fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
         : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);

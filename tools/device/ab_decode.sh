@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU machine: A/B of qvl bench settings on random checkpoints, the settings run in turn ROUNDS
+# times (so drift of the machine hits each alike), one line per run and a median per setting.
+#   bash tools/device/ab_decode.sh ROUNDS "LABEL|MODEL|BENCH ARGS" ...
+# MODEL: 2b, 2b-fp8, 4b, 4b-fp8, 8b, 8b-fp8 (generated once into /tmp/qvl_models). Every run is
+# `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` plus the args;
+# the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json.
+set -u
+cd "$(dirname "$0")/../.."
+source build-dev/env.sh
+out=${OUT:-/tmp/qvl_out}/ab
+mkdir -p "$out" /tmp/qvl_models
+rounds=$1
+shift
+model() {
+  local name=$1 args="--preset ${1%-fp8}"
+  [[ $name == *-fp8 ]] && args+=" --fp8"
+  [ -d "/tmp/qvl_models/$name" ] || build-dev/qvl gen-model $args --seed 1 --out "/tmp/qvl_models/$name" >/dev/null
+}
+for spec in "$@"; do
+  IFS='|' read -r _ m _ <<<"$spec"
+  model "$m"
+done
+for r in $(seq 1 "$rounds"); do
+  for spec in "$@"; do
+    IFS='|' read -r label m args <<<"$spec"
+    # shellcheck disable=SC2086
+    timeout 180 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
+      --gen-tokens 64 --batch 1,8 $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
+      { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
+  done
+done
+python3 - "$out" "$@" <<'EOF'
+import json, statistics, sys, glob, os
+out = sys.argv[1]
+for spec in sys.argv[2:]:
+    label = spec.split('|')[0]
+    runs = []
+    for f in sorted(glob.glob(os.path.join(out, label + '.*.json'))):
+        d = json.load(open(f))
+        dec = {x['batch']: x for x in d['decode']}
+        runs.append((dec[1]['step_ms'], dec[1]['fraction_of_floor'], dec[8]['step_ms'], d['ttft_ms']))
+    if not runs:
+        print(f'{label:24s} no runs'); continue
+    b1 = [r[0] for r in runs]
+    print(f'{label:24s} b1 step ms {" ".join(f"{x:.4f}" for x in b1)} median {statistics.median(b1):.4f} '
+          f'floor {statistics.median(r[1] for r in runs):.3f} | b8 {statistics.median(r[2] for r in runs):.4f} '
+          f'| ttft {statistics.median(r[3] for r in runs):.2f}')
+EOF
