@@ -77,12 +77,13 @@ struct BenchOptions {
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split[,group[,prewait]]]]"
   bool fused_decode = false;
-  bool no_cluster_attention = false;  // A/B: one block per query tile in vision / prefill attention
-  bool no_token_prepare = false;      // A/B: text_qkv_prepare's per-8-heads kernel
-  int vision_mt = 2;                  // A/B: vision attention m-tiles per warp
-  bool no_prefill_q_alias = false;    // A/B: prefill attention with Q in its own shared memory
-  int prefill_key_tiles = 8;          // A/B: prefill attention key tiles per block before a split
-  int decode_split_blocks = 0;        // A/B: decode attention split blocks (0: the default)
+  bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
+  bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
+  int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
+  bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
+  int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
+  int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
+  bool no_decode_cluster_merge = false;  // A/B: decode attention splits merged by the last to arrive
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -143,6 +144,7 @@ Status run_bench(const BenchOptions& o) {
     opts.prefill_q_alias = !o.no_prefill_q_alias;
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
+    opts.decode_cluster_merge = !o.no_decode_cluster_merge;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -576,6 +578,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--decode-split-blocks", o->decode_split_blocks,
                  "CUDA A/B: decode attention blocks over sequences x kv heads x splits (256)")
       ->check(CLI::Range(0, 256));
+  app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
+               "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
+               "in a thread-block cluster");
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));

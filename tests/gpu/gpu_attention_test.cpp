@@ -397,23 +397,55 @@ TEST(GpuOps, TextAttentionPageSizes) {
   }
 }
 
+// Every case runs on every backend of AttentionGpus: on sm_90+ cuda() merges a sequence's
+// splits in a thread-block cluster (16 splits for one sequence of 8 kv heads, 10 for three,
+// 16 for 4/2 heads) and the no-cluster backend through L2 (32 for one sequence).
 TEST(GpuOps, TextDecodeAttention) {
   QVL_REQUIRE_CUDA();
-  run_text_attention("text_attention decode", {{1, 1}}, 16, 8, 128);
-  run_text_attention("text_attention decode", {{1, 5000}}, 16, 8, 128);  // 32 splits
-  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128);
+  const AttentionGpus gpus;
+  run_text_attention("text_attention decode", {{1, 1}}, 16, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention decode", {{1, 5000}}, 16, 8, 128, DType::kBF16, &gpus);  // 16 / 32 splits
+  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kBF16, &gpus);
   std::vector<std::pair<int, int>> many;
   std::uniform_int_distribution<int> d(1, 600);
   for (int i = 0; i < 40; ++i) many.push_back({1, d(rng())});
-  run_text_attention("text_attention decode", many, 16, 8, 128);  // unsplit (320 blocks)
+  run_text_attention("text_attention decode", many, 16, 8, 128, DType::kBF16, &gpus);  // unsplit (320 blocks)
   std::vector<std::pair<int, int>> lots;
   for (int i = 0; i < 200; ++i) lots.push_back({1, 1 + i % 37});
-  run_text_attention("text_attention decode", lots, 16, 8, 128);  // unsplit
-  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64);
-  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40);  // generic kernel
-  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kF8E4M3);
-  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kF8E4M3);
-  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3);
+  run_text_attention("text_attention decode", lots, 16, 8, 128, DType::kBF16, &gpus);  // unsplit
+  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
+  run_text_attention("text_attention decode", {{1, 200}}, 4, 2, 64, DType::kBF16, &gpus);         // empty splits
+  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kBF16, &gpus);  // generic kernel
+  run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kF8E4M3, &gpus);
+  run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kF8E4M3, &gpus);
+  run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3, &gpus);
+}
+
+// The cluster merge and the L2 merge do the same arithmetic: with the same number of splits
+// (16: the L2 merge's backend limited to 128 split blocks) they write the same bits.
+TEST(GpuOps, TextDecodeClusterMergeSameBits) {
+  QVL_REQUIRE_CUDA();
+  auto info = cuda_device_info(0);
+  if (!info.is_ok() || info->compute_capability < 90) GTEST_SKIP() << "no thread-block clusters";
+  CudaBackendOptions o;
+  o.decode_cluster_merge = false;
+  o.decode_split_blocks = 128;
+  const std::unique_ptr<Backend> l2 = cuda_backend_with(o);
+  for (const auto& [ctx, kv] :
+       {std::pair{5000, DType::kBF16}, std::pair{777, DType::kF8E4M3}, std::pair{40, DType::kBF16}}) {
+    TextSetup t;
+    setup_text(t, {{1, ctx}}, 8, 128, 2, kv, 16);
+    const int64_t width = int64_t{16 + 2 * 8} * 128;
+    Pair qkv = activation(t.s, {1, width}, random_values(width));
+    const TextAttentionShape shape{16, 8, 128};
+    std::vector<std::vector<uint16_t>> bits;
+    for (Backend* be : {cuda(), l2.get()}) {
+      Tensor out = filled_output(t.s, {1, 16 * 128}, 9.0f);
+      be->text_attention(out, qkv.g, t.bg, t.cg, 1, shape, 1.0f / std::sqrt(128.0f));
+      bits.push_back(raw<uint16_t>(*be, out));
+    }
+    EXPECT_EQ(first_difference(bits[0], bits[1]), -1) << "context " << ctx;
+  }
 }
 
 }  // namespace

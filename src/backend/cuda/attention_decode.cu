@@ -12,7 +12,11 @@
 //                                                    FlashAttention and SDPA round it)
 // At the end the 4 warps' (m, l, O) merge in shared memory; with one split the block writes the
 // output, otherwise its partial (O, m, l), and the last split of a (sequence, kv head) to
-// arrive merges the splits (an arrival counter: no second kernel).
+// arrive merges the splits (an arrival counter: no second kernel). On sm_90 the splits of a
+// (sequence, kv head) can instead be one thread-block cluster (kCluster): the partials stay in
+// shared memory, and after a cluster barrier each block merges a slice of the outputs from
+// all of them through distributed shared memory, with the same arithmetic as the last-arriver
+// merge (the same bits) but no fence, atomic or L2 round trip.
 //
 // The newest key of a sequence (context_len - 1, this step's row) never goes through the stages:
 // its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
@@ -261,7 +265,55 @@ __device__ __forceinline__ void zero_tail(char* stage, int valid) {
         make_uint4(0, 0, 0, 0);
 }
 
-template <int HD, bool kFp8>
+// Shared memory of the cluster merge, over the (then idle) stages past the warps' reduction:
+// the block's partial O [kMaxGroup][HD], then m and l [kMaxGroup], then the split weights.
+template <int HD>
+struct ClusterSmem {
+  static constexpr size_t kRed = static_cast<size_t>(kWarps) * kMaxGroup * HD * sizeof(float);
+  static constexpr size_t kO = kRed, kM = kO + kMaxGroup * HD * sizeof(float), kL = kM + kMaxGroup * sizeof(float);
+  static constexpr size_t kW = kL + kMaxGroup * sizeof(float);
+  static constexpr size_t kEnd = kW + static_cast<size_t>(kMaxGroup) * kDecodeMaxSplits * sizeof(float);
+  static_assert(kEnd <= kStages * 2 * kRound * pitch<HD>(), "the cluster merge's partials fit in the stages");
+};
+
+// The cluster's merge, run by every block of it: after a barrier (every split's partial is in
+// its shared memory), warp h takes head h's (m, l) of every split (one per lane) and leaves each
+// split's weight exp2(m_s - M) / L, as the last-arriver merge does; then block `rank` writes
+// output elements [rank * per, (rank + 1) * per) of the group's heads. A second barrier keeps
+// every block's partial alive until the others have read it.
+template <int HD>
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, int seq, int kvh, int group, int rank,
+                                              int active, int warp, int lane) {
+  using CS = ClusterSmem<HD>;
+  const float* o_part = reinterpret_cast<const float*>(smem + CS::kO);
+  const float* m_part = reinterpret_cast<const float*>(smem + CS::kM);
+  const float* l_part = reinterpret_cast<const float*>(smem + CS::kL);
+  float* wsplit = reinterpret_cast<float*>(smem + CS::kW);  // [head][kDecodeMaxSplits]
+  cluster_barrier();
+  for (int h = warp; h < group; h += kWarps) {
+    const float m = lane < active ? *cluster_peer(m_part + h, static_cast<unsigned>(lane)) : -INFINITY;
+    const float l = lane < active ? *cluster_peer(l_part + h, static_cast<unsigned>(lane)) : 0.0f;
+    const float mm = warp_max(m);
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
+    const float total = warp_sum(l * w);
+    wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
+  }
+  __syncthreads();
+  const int n = group * HD, per = (n + p.splits - 1) / p.splits;
+  const int row = p.query_start[seq];
+  for (int i = rank * per + static_cast<int>(threadIdx.x); i < min(n, (rank + 1) * per); i += kThreads) {
+    const int h = i / HD, d = i % HD;
+    float acc = 0.0f;
+    for (int sp = 0; sp < active; ++sp)
+      acc += *cluster_peer(o_part + h * HD + d, static_cast<unsigned>(sp)) * wsplit[h * kDecodeMaxSplits + sp];
+    p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(acc);
+  }
+  cluster_barrier();
+}
+
+// kCluster: the splits of one (sequence, kv head) are one cluster of p.splits consecutive
+// blocks along x (rank = split), merged through distributed shared memory (see the header).
+template <int HD, bool kFp8, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
@@ -273,7 +325,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ bool s_last;
 
-  const int seq = blockIdx.x / p.hkv, kvh = blockIdx.x % p.hkv, split = blockIdx.y;
+  const int unit = kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x);
+  const int seq = unit / p.hkv, kvh = unit % p.hkv;
+  const int split = kCluster ? static_cast<int>(blockIdx.x) % p.splits : static_cast<int>(blockIdx.y);
   const int group = p.hq / p.hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -281,10 +335,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int len = split_len(ctx, p.splits);
   const int k_begin = split * len, k_end = min(ctx, k_begin + len);
   // An empty split returns (the merge never reads it), except split 0, which always reports
-  // (an empty context yields m = -inf, l = 0 and a zero output).
+  // (an empty context yields m = -inf, l = 0 and a zero output). In a cluster it still takes
+  // its slice of the merge.
   if (k_begin >= k_end && split != 0) {
     grid_dep_wait();
     grid_dep_launch();
+    if constexpr (kCluster) {
+      const int active = max(1, min(p.splits, (ctx + len - 1) / len));
+      cluster_merge<HD>(p, smem, seq, kvh, group, split, active, warp, lane);
+    }
     return;
   }
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
@@ -473,6 +532,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     const int head = kvh * group + h;
     if (p.splits == 1) {
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
+    } else if constexpr (kCluster) {
+      using CS = ClusterSmem<HD>;
+      reinterpret_cast<float*>(smem + CS::kO)[h * HD + d] = acc;
+      if (d == 0) {
+        reinterpret_cast<float*>(smem + CS::kM)[h] = mm;
+        reinterpret_cast<float*>(smem + CS::kL)[h] = l;
+      }
     } else {
       float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
       part[d] = acc;
@@ -483,6 +549,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   if (p.splits == 1) return;
+  if constexpr (kCluster) {
+    const int active = max(1, min(p.splits, (ctx + len - 1) / len));
+    cluster_merge<HD>(p, smem, seq, kvh, group, split, active, warp, lane);
+    return;
+  }
 
   // The last of this (sequence, kv head)'s active splits to arrive merges them (threadfence
   // reduction): partials are made visible device-wide before the arrival is counted, and the
@@ -525,7 +596,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
 template <int HD, bool kFp8>
 void configure_one() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(decode_smem_bytes<HD>())));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(decode_smem_bytes<HD>())));
 }
 
@@ -539,12 +612,37 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
          shape.num_q_heads / shape.num_kv_heads <= kMaxGroup;
 }
 
-void configure_decode_attention() {
+int configure_decode_attention(bool clusters) {
   static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
   configure_one<64, false>();
   configure_one<128, false>();
   configure_one<64, true>();
   configure_one<128, true>();
+  if (!clusters) return 0;
+  // Clusters of up to 16 splits where the device can hold one (the shared memory of the
+  // largest head dim decides), else the portable 8.
+  int largest = 8;
+  if (cudaFuncSetAttribute(decode_kernel<128, false, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+      cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(16);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = decode_smem_bytes<128>();
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 16;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true>, &cfg) == cudaSuccess && n > 0) largest = 16;
+    for (auto* k : {decode_kernel<64, false, true>, decode_kernel<64, true, true>, decode_kernel<128, true, true>})
+      if (largest == 16 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+        largest = 8;
+  }
+  cudaGetLastError();  // a refused non-portable size is not an error here
+  return largest;
 }
 
 void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
@@ -565,8 +663,10 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   }
   const int split_blocks = ctx.decode_split_blocks > 0 ? ctx.decode_split_blocks : kDecodeSplitBlocks;
   int splits = split_blocks / std::max(1, batch.num_seqs * shape.num_kv_heads);
-  splits = std::clamp(splits, 1, kDecodeMaxSplits);
-  if (splits > 1) {
+  // A cluster holds every split of a (sequence, kv head): at most ctx.decode_cluster of them.
+  const bool cluster = ctx.decode_cluster > 1 && splits > 1;
+  splits = std::clamp(splits, 1, cluster ? ctx.decode_cluster : kDecodeMaxSplits);
+  if (splits > 1 && !cluster) {
     const size_t need = static_cast<size_t>(batch.num_seqs) * shape.num_q_heads * splits * (hd + 2) * sizeof(float);
     QVL_CHECK_LE(need, partial_bytes) << "decode attention scratch (raise CudaBackendOptions::max_gqa_group / "
                                          "max_head_dim)";
@@ -605,18 +705,28 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
     p.slots = batch.slots.as<int32_t>();
     p.rope = prepare->rope;
   }
-  const dim3 grid(static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads), static_cast<unsigned>(splits));
+  const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
   const dim3 block(kThreads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
-  if (hd == 64) {
-    const size_t smem = decode_smem_bytes<64>();
-    fp8 ? launch(ctx, "text_decode_attention", decode_kernel<64, true>, grid, block, smem, p)
-        : launch(ctx, "text_decode_attention", decode_kernel<64, false>, grid, block, smem, p);
-  } else {
-    const size_t smem = decode_smem_bytes<128>();
-    fp8 ? launch(ctx, "text_decode_attention", decode_kernel<128, true>, grid, block, smem, p)
-        : launch(ctx, "text_decode_attention", decode_kernel<128, false>, grid, block, smem, p);
+  const char* name = "text_decode_attention";
+  if (cluster) {
+    const dim3 grid(units * static_cast<unsigned>(splits));
+    const unsigned cx = static_cast<unsigned>(splits);
+    if (hd == 64)
+      launch_clustered(ctx, name, cx, fp8 ? decode_kernel<64, true, true> : decode_kernel<64, false, true>, grid, block,
+                       decode_smem_bytes<64>(), p);
+    else
+      launch_clustered(ctx, name, cx, fp8 ? decode_kernel<128, true, true> : decode_kernel<128, false, true>, grid,
+                       block, decode_smem_bytes<128>(), p);
+    return;
   }
+  const dim3 grid(units, static_cast<unsigned>(splits));
+  if (hd == 64)
+    launch(ctx, name, fp8 ? decode_kernel<64, true, false> : decode_kernel<64, false, false>, grid, block,
+           decode_smem_bytes<64>(), p);
+  else
+    launch(ctx, name, fp8 ? decode_kernel<128, true, false> : decode_kernel<128, false, false>, grid, block,
+           decode_smem_bytes<128>(), p);
 }
 
 }  // namespace qvl::cuda

@@ -431,12 +431,13 @@ void configure_prefill() {
 void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
 
-void configure_text_attention() {
-  configure_decode_attention();
+int configure_text_attention(bool clusters) {
+  const int decode_cluster = configure_decode_attention(clusters);
   configure_prefill<64, false>();
   configure_prefill<128, false>();
   configure_prefill<64, true>();
   configure_prefill<128, true>();
+  return decode_cluster;
 }
 
 void launch_text_qkv_prepare(const LaunchContext& ctx, Tensor qkv, const Tensor& q_norm, const Tensor& k_norm,

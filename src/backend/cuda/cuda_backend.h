@@ -88,6 +88,11 @@ struct CudaBackendOptions {
   // Decode attention: blocks a step's splits may take, (sequences x kv heads x splits); 0 =
   // kDecodeSplitBlocks, the most the scratch holds.
   int decode_split_blocks = 0;
+  // Decode attention (sm_90+, with cluster_attention): a (sequence, kv head)'s splits are one
+  // thread-block cluster (at most 16) and merge through distributed shared memory, instead of
+  // the last block to arrive merging them through L2. The same arithmetic: the same bits for
+  // the same number of splits (the cluster caps it at 16, the L2 merge at 32).
+  bool decode_cluster_merge = true;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

@@ -97,6 +97,33 @@ void launch(const LaunchContext& ctx, const char* name, void (*kernel)(KArgs...)
   launch_clustered(ctx, name, 1, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
+// ---- thread-block cluster primitives ----
+// sm_90+; the kernels that use them are never launched below, and compile to nothing there
+// (flash.cuh flash_kernel, attention_decode.cu).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+inline constexpr bool kDeviceHasClusters = false;
+#else
+inline constexpr bool kDeviceHasClusters = true;
+#endif
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the cluster's reads after it (release / acquire). Not .aligned: threads may reach
+// it from divergent paths (the merge loop's early exit).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+// The generic address of the same shared-memory location in block `rank` of this cluster.
+__device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<const float*>(out);
+#else
+  return p;
+#endif
+}
+
 // ---- numeric helpers ----
 __device__ __forceinline__ float bf16_round(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));

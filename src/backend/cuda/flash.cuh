@@ -79,32 +79,6 @@ constexpr size_t smem_bytes() {
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
-// Cluster primitives (sm_90+; the kernels that use them are never launched below, and compile
-// to nothing there, see flash_kernel).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-inline constexpr bool kDeviceHasClusters = false;
-#else
-inline constexpr bool kDeviceHasClusters = true;
-#endif
-// Every thread of every block of the cluster arrives; shared-memory writes before it are
-// visible to the cluster's reads after it (release / acquire). Not .aligned: threads may reach
-// it from divergent paths (the merge loop's early exit).
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-// The generic address of the same shared-memory location in block `rank` of this cluster.
-__device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t out;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-  return reinterpret_cast<const float*>(out);
-#else
-  return p;
-#endif
-}
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -74,6 +74,7 @@ struct LaunchContext {
   bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;  // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
+  int decode_cluster = 0;       // decode attention: splits merged in a cluster of up to this many (< 2: off)
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
@@ -192,14 +193,15 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args);
 
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
-void configure_text_attention();
+// Returns the largest decode-attention cluster (LaunchContext::decode_cluster; 0 without clusters).
+int configure_text_attention(bool clusters);
 
 // ---- attention_vision.cu ----
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                              int num_heads, int head_dim, float scale);
 
 // ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
-void configure_decode_attention();
+int configure_decode_attention(bool clusters);
 struct MropeParams {
   float inv_freq[128];
   uint8_t axis[128];
