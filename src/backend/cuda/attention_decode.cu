@@ -16,7 +16,8 @@
 // (sequence, kv head) can instead be one thread-block cluster (kCluster): the partials stay in
 // shared memory, and after a cluster barrier each block merges a slice of the outputs from
 // all of them through distributed shared memory, with the same arithmetic as the last-arriver
-// merge (the same bits) but no fence, atomic or L2 round trip.
+// merge (the same bits for the same number of splits; a cluster holds at most 16) but no
+// fence, atomic or L2 round trip.
 //
 // The newest key of a sequence (context_len - 1, this step's row) never goes through the stages:
 // its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
