@@ -24,8 +24,8 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
     const int ci = c + i * kWarps;
     load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
     if (kFp8 && ci < nchunks) {
-      grp.sa[i] = __ldg(p.scale + static_cast<int64_t>(ra / p.rows_per_scale) * p.scale_cols + ci);
-      grp.sb[i] = __ldg(p.scale + static_cast<int64_t>(rb / p.rows_per_scale) * p.scale_cols + ci);
+      grp.sa[i] = block_scale(p, ra, ci);
+      grp.sb[i] = block_scale(p, rb, ci);
     }
   }
 }
@@ -41,14 +41,7 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
     if (ci >= nchunks) break;
     float part[NT][4];
     chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
-    const float sa = kFp8 ? grp.sa[i] : 1.0f, sb = kFp8 ? grp.sb[i] : 1.0f;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      acc[j][0] += part[j][0] * sa;
-      acc[j][1] += part[j][1] * sa;
-      acc[j][2] += part[j][2] * sb;
-      acc[j][3] += part[j][3] * sb;
-    }
+    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
   }
 }
 

@@ -298,6 +298,23 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
   }
 }
 
+// The FP8 block scale of weight row `row` in 128-column chunk c.
+__device__ __forceinline__ float block_scale(const SkinnyParams& p, int row, int c) {
+  return __ldg(p.scale + static_cast<int64_t>(row / p.rows_per_scale) * p.scale_cols + c);
+}
+
+// acc += a chunk's partial sums, rows g times sa and rows g + 8 times sb (C fragment layout).
+template <int NT>
+__device__ __forceinline__ void accumulate_scaled(float (&acc)[NT][4], const float (&part)[NT][4], float sa, float sb) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    acc[j][0] += part[j][0] * sa;
+    acc[j][1] += part[j][1] * sa;
+    acc[j][2] += part[j][2] * sb;
+    acc[j][3] += part[j][3] * sb;
+  }
+}
+
 // One output element: v = bf16(acc + bias); v = bf16(act(v)); out = bf16(residual + v).
 __device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int tok, float v) {
   if (p.bias) v += __bfloat162float(p.bias[row]);

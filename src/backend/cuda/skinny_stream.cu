@@ -75,18 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
       if (live) {
         float part[NT][4];
         chunk_mma<kFp8, NT, PRO>(p, c, t, g, ring[d], pro_smem, part);
-        float sa = 1.0f, sb = 1.0f;
-        if (kFp8) {
-          sa = __ldg(p.scale + static_cast<int64_t>(ra / p.rows_per_scale) * p.scale_cols + c);
-          sb = __ldg(p.scale + static_cast<int64_t>(rb / p.rows_per_scale) * p.scale_cols + c);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          acc[j][0] += part[j][0] * sa;
-          acc[j][1] += part[j][1] * sa;
-          acc[j][2] += part[j][2] * sb;
-          acc[j][3] += part[j][3] * sb;
-        }
+        accumulate_scaled(acc, part, kFp8 ? block_scale(p, ra, c) : 1.0f, kFp8 ? block_scale(p, rb, c) : 1.0f);
       }
       fetch(q + DEPTH, ring[d]);
       if ((q + 1) % per_tile != 0) continue;
