@@ -83,6 +83,10 @@ __device__ __forceinline__ int split_len(int ctx, int splits) {
   const int per = (ctx + splits - 1) / splits;
   return max(kRound, (per + 15) / 16 * 16);
 }
+// Splits that hold keys (split_len keys each; at least one, which reports an empty context).
+__device__ __forceinline__ int active_splits(int ctx, int len, int splits) {
+  return max(1, min(splits, (ctx + len - 1) / len));
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -341,10 +345,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (k_begin >= k_end && split != 0) {
     grid_dep_wait();
     grid_dep_launch();
-    if constexpr (kCluster) {
-      const int active = max(1, min(p.splits, (ctx + len - 1) / len));
-      cluster_merge<HD>(p, smem, seq, kvh, group, split, active, warp, lane);
-    }
+    if constexpr (kCluster)
+      cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     return;
   }
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
@@ -551,8 +553,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   if (p.splits == 1) return;
   if constexpr (kCluster) {
-    const int active = max(1, min(p.splits, (ctx + len - 1) / len));
-    cluster_merge<HD>(p, smem, seq, kvh, group, split, active, warp, lane);
+    cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     return;
   }
 
@@ -561,7 +562,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // merger reads them from L2 (ld.cg), never from a stale L1 line.
   __threadfence();
   __syncthreads();
-  const int active = max(1, min(p.splits, (ctx + len - 1) / len));
+  const int active = active_splits(ctx, len, p.splits);
   if (threadIdx.x == 0) {
     const uint32_t arrived = atomicAdd(&p.counters[seq * p.hkv + kvh], 1u);
     s_last = arrived == static_cast<uint32_t>(active - 1);
