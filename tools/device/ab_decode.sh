@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU machine: A/B of qvl bench settings on random checkpoints, the settings run in turn ROUNDS
 # times (so drift of the machine hits each alike), one line per run and a median per setting.
-#   bash tools/device/ab_decode.sh ROUNDS "LABEL|MODEL|BENCH ARGS[|QVL BINARY]" ...
+#   bash tools/device/ab_decode.sh ROUNDS "LABEL|MODEL|BENCH ARGS[|QVL BINARY[|ENV]]" ...
 # MODEL: 2b, 2b-fp8, 4b, 4b-fp8, 8b, 8b-fp8 (generated once into /tmp/qvl_models); the binary
 # defaults to build-dev/qvl (another one, e.g. an older commit's, compares two builds). Every run is
 # `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` plus the args;
-# the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json.
+# the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json. ENV, where given, is variable assignments
+# for that setting's runs, e.g. QVL_SKIP_KERNELS=text_decode_attention (kernels.h skip_launch) or
+# QVL_DECODE_ATTN_EXIT=2 (attention_decode.cu): ablations, for timing only.
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
@@ -24,9 +26,9 @@ for spec in "$@"; do
 done
 for r in $(seq 1 "$rounds"); do
   for spec in "$@"; do
-    IFS='|' read -r label m args bin <<<"$spec"
+    IFS='|' read -r label m args bin envs <<<"$spec"
     # shellcheck disable=SC2086
-    timeout 180 "${bin:-build-dev/qvl}" bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
+    env ${envs:-} timeout 180 "${bin:-build-dev/qvl}" bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
       --gen-tokens 64 --batch 1,8 $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
       { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
   done
@@ -40,7 +42,8 @@ for spec in sys.argv[2:]:
     for f in sorted(glob.glob(os.path.join(out, label + '.*.json'))):
         d = json.load(open(f))
         dec = {x['batch']: x for x in d['decode']}
-        runs.append((dec[1]['step_ms'], dec[1]['fraction_of_floor'], dec[8]['step_ms'], d['ttft_ms']))
+        b8 = dec[8]['step_ms'] if 8 in dec else float('nan')
+        runs.append((dec[1]['step_ms'], dec[1]['fraction_of_floor'], b8, d['ttft_ms']))
     if not runs:
         print(f'{label:24s} no runs'); continue
     b1 = [r[0] for r in runs]

@@ -80,6 +80,12 @@ struct LaunchContext {
   SkinnyTuning skinny;
 };
 
+// Measurement only: QVL_SKIP_KERNELS="name[@grid_x],..." makes launch() skip every kernel whose
+// name is one of the list (and whose grid.x is the given one, where given), so that a decode step
+// can be timed without them (tools/device/ablate_decode.sh). Results are wrong while it is set;
+// the first skipped launch logs a warning saying so.
+bool skip_launch(const char* name, unsigned grid_x);
+
 // Brackets work that does not go through launch() (cuBLASLt, copies) when profiling.
 class ProfileRange {
  public:
