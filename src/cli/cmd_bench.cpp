@@ -84,6 +84,9 @@ struct BenchOptions {
   int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
   bool no_decode_cluster_merge = false;  // A/B: decode attention splits merged by the last to arrive
+  int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
+  std::string skip_kernels;              // measurement only: launches left out
+  int decode_attention_exit = 0;         // measurement only: where the decode attention stops
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -145,6 +148,8 @@ Status run_bench(const BenchOptions& o) {
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
     opts.decode_cluster_merge = !o.no_decode_cluster_merge;
+    opts.skip_kernels = o.skip_kernels;
+    opts.decode_attention_exit = o.decode_attention_exit;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -203,7 +208,7 @@ Status run_bench(const BenchOptions& o) {
 
   // ---- buffers: arena, step inputs, logits, KV (max batch x pages per sequence) ----
   const int max_b = batches.back();
-  const int page = 16;
+  const int page = o.kv_page_tokens;
   const int64_t per_seq_tokens = L + 8 + 2LL * o.gen_tokens;
   const int64_t P = (per_seq_tokens + page - 1) / page;
   RunnerShape shape{std::max<int64_t>(L, max_b), max_b, P, with_image ? grid.num_patches() : 0};
@@ -578,6 +583,14 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--decode-split-blocks", o->decode_split_blocks,
                  "CUDA A/B: decode attention blocks over sequences x kv heads x splits (256)")
       ->check(CLI::Range(0, 256));
+  app.add_option("--kv-page-tokens", o->kv_page_tokens, "Tokens per KV cache page (16)")->check(CLI::Range(1, 4096));
+  app.add_option("--skip-kernels", o->skip_kernels,
+                 "CUDA measurement only (results are wrong): leave out launches of these kernels, "
+                 "\"name[@grid_x],...\" (e.g. text_decode_attention, skinny_linear@128)");
+  app.add_option("--decode-attention-exit", o->decode_attention_exit,
+                 "CUDA measurement only (results are wrong): stop the decode attention kernel early "
+                 "(attention_decode.cu DecodeParams::debug_exit)")
+      ->check(CLI::Range(0, 8));
   app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
                "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
                "in a thread-block cluster");

@@ -6,8 +6,8 @@
 # defaults to build-dev/qvl (another one, e.g. an older commit's, compares two builds). Every run is
 # `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` plus the args;
 # the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json. ENV, where given, is variable assignments
-# for that setting's runs, e.g. QVL_SKIP_KERNELS=text_decode_attention (kernels.h skip_launch) or
-# QVL_DECODE_ATTN_EXIT=2 (attention_decode.cu): ablations, for timing only.
+# for that setting's runs. Ablations go in the bench args: --skip-kernels text_decode_attention,
+# --decode-attention-exit 6 (timing only: the results are wrong).
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh

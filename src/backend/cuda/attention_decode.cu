@@ -62,6 +62,11 @@ struct DecodeParams {
   const int32_t* positions;  // [n, 3]
   const int32_t* slots;      // [n]
   MropeParams rope;
+  // Measurement only (CudaBackendOptions::decode_attention_exit; the output is wrong): where the
+  // kernel stops. 4: at once (after the PDL wait); 5: after reading the context length; 6: after
+  // round 0 of the keys, issued before the wait, has landed; 7: after the prepare's host inputs
+  // (no keys); 1: after both; 8: the whole kernel, but round 0 issued after the wait.
+  int debug_exit;
 };
 
 // Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
@@ -330,6 +335,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ bool s_last;
 
+  if (p.debug_exit == 4) {
+    grid_dep_wait();
+    grid_dep_launch();
+    return;
+  }
   const int unit = kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x);
   const int seq = unit / p.hkv, kvh = unit % p.hkv;
   const int split = kCluster ? static_cast<int>(blockIdx.x) % p.splits : static_cast<int>(blockIdx.y);
@@ -339,12 +349,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int ctx = p.context_len[seq];
   const int len = split_len(ctx, p.splits);
   const int k_begin = split * len, k_end = min(ctx, k_begin + len);
+  if (p.debug_exit == 5) {
+    grid_dep_wait();
+    grid_dep_launch();
+    return;
+  }
   // An empty split returns (the merge never reads it), except split 0, which always reports
   // (an empty context yields m = -inf, l = 0 and a zero output). In a cluster it still takes
   // its slice of the merge.
   if (k_begin >= k_end && split != 0) {
     grid_dep_wait();
     grid_dep_launch();
+    if (p.debug_exit != 0 && p.debug_exit != 8) return;
     if constexpr (kCluster)
       cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     return;
@@ -356,13 +372,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int newest = ctx - 1;
   const bool own_newest = newest >= k_begin && newest < k_end;
   const int r0 = min(kRound, k_end - k_begin);
-  if (r0 > 0) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
+  if (r0 > 0 && p.debug_exit != 7 && p.debug_exit != 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
   zero_tail<HD>(kv, max(0, r0));
+  if (p.debug_exit == 6) {
+    grid_dep_wait();
+    grid_dep_launch();
+    cp_async_wait<0>();
+    return;
+  }
   const int row = p.query_start[seq];
   PrepLane<HD> prep;
   if (p.fused) prepare_inputs<HD>(p, row, prep);
   grid_dep_wait();
   grid_dep_launch();
+  if (r0 > 0 && p.debug_exit == 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
+  if (p.debug_exit == 1 || p.debug_exit == 7) {
+    cp_async_wait<0>();
+    return;
+  }
   {
     const int64_t ld = static_cast<int64_t>(p.hq + 2 * p.hkv) * HD;
     const bf16* qkv_row = p.qkv + row * ld;
@@ -688,6 +715,7 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   p.hkv = shape.num_kv_heads;
   p.splits = splits;
   p.scale_log2 = scale * 1.4426950408889634f;
+  p.debug_exit = ctx.decode_attention_exit;
   if (prepare) {
     QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&
               prepare->q_norm.dtype == prepare->k_norm.dtype &&

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "core/log.h"
 
 namespace qvl {
 namespace cuda {
@@ -50,6 +51,12 @@ Status CudaBackend::init() {
   cuda::configure_vision_attention();
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
+  skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
+  if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {
+    log_warn("CUDA backend: kernels left out or cut short for a measurement; every result is wrong");
+    ctx_.skip = skip_rules_.empty() ? nullptr : &skip_rules_;
+    ctx_.decode_attention_exit = options_.decode_attention_exit;
+  }
   return Status::ok();
 }
 

@@ -93,6 +93,11 @@ struct CudaBackendOptions {
   // the last block to arrive merging them through L2. The same arithmetic: the same bits for
   // the same number of splits (the cluster caps it at 16, the L2 merge at 32).
   bool decode_cluster_merge = true;
+  // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
+  // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
+  // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
+  std::string skip_kernels;
+  int decode_attention_exit = 0;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.

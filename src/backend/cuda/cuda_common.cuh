@@ -62,7 +62,7 @@ __device__ __forceinline__ void grid_dep_launch() {
 template <typename... KArgs, typename... Args>
 void launch_clustered(const LaunchContext& ctx, const char* name, unsigned cluster_x, void (*kernel)(KArgs...),
                       dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || skip_launch(name, grid.x)) return;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || (ctx.skip && skip_launch(*ctx.skip, name, grid.x))) return;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

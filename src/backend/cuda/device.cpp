@@ -1,9 +1,8 @@
 // Device discovery for the CUDA backend: how many devices, and the facts the planner and the
 // bench print (name, memory, multiprocessors, L2). Never fails when there is no driver: that
-// is "zero devices".
+// is "zero devices". Also the measurement-only launch filter (kernels.h SkipRule).
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,7 +10,6 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
-#include "core/log.h"
 
 namespace qvl {
 
@@ -60,37 +58,26 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal) {
 
 namespace qvl::cuda {
 
-bool skip_launch(const char* name, unsigned grid_x) {
-  struct Rule {
-    std::string name;
-    unsigned grid_x = 0;  // 0: any
-  };
-  static const std::vector<Rule> rules = [] {
-    std::vector<Rule> r;
-    const char* env = std::getenv("QVL_SKIP_KERNELS");
-    std::string s = env ? env : "";
-    for (size_t pos = 0; pos < s.size();) {
-      size_t end = s.find(',', pos);
-      if (end == std::string::npos) end = s.size();
-      std::string item = s.substr(pos, end - pos);
-      pos = end + 1;
-      if (item.empty()) continue;
-      Rule rule;
-      const size_t at = item.find('@');
-      rule.name = item.substr(0, at);
-      if (at != std::string::npos) rule.grid_x = static_cast<unsigned>(std::strtoul(item.c_str() + at + 1, nullptr, 10));
-      r.push_back(rule);
-    }
-    return r;
-  }();
-  if (rules.empty()) return false;
-  for (const Rule& r : rules) {
-    if (r.name != name || (r.grid_x != 0 && r.grid_x != grid_x)) continue;
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true))
-      log_warn("QVL_SKIP_KERNELS is set: kernels are skipped and every result is wrong (timing only)");
-    return true;
+std::vector<SkipRule> parse_skip_rules(const std::string& spec) {
+  std::vector<SkipRule> rules;
+  for (size_t pos = 0; pos < spec.size();) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    SkipRule rule;
+    const size_t at = item.find('@');
+    rule.name = item.substr(0, at);
+    if (at != std::string::npos) rule.grid_x = static_cast<unsigned>(std::strtoul(item.c_str() + at + 1, nullptr, 10));
+    rules.push_back(rule);
   }
+  return rules;
+}
+
+bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned grid_x) {
+  for (const SkipRule& r : rules)
+    if (r.name == name && (r.grid_x == 0 || r.grid_x == grid_x)) return true;
   return false;
 }
 

@@ -64,27 +64,33 @@ struct SkinnyTuning {
   int prewait = 0;
 };
 
+// Measurement only (CudaBackendOptions::skip_kernels): launches to leave out, by kernel name and,
+// where grid_x > 0, grid.x. Every result is wrong while any is set.
+struct SkipRule {
+  std::string name;
+  unsigned grid_x = 0;
+};
+// Parses "name[@grid_x],..." (empty: none).
+std::vector<SkipRule> parse_skip_rules(const std::string& spec);
+bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned grid_x);
+
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;             // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;        // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;    // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
-  int vision_mt = 2;            // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
-  int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
-  int decode_split_blocks = 0;  // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
-  int decode_cluster = 0;       // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  bool pdl = false;               // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
+  int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
+  bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
+  int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
+  int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
+  int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
+  const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
 };
-
-// Measurement only: QVL_SKIP_KERNELS="name[@grid_x],..." makes launch() skip every kernel whose
-// name is one of the list (and whose grid.x is the given one, where given), so that a decode step
-// can be timed without them (tools/device/ablate_decode.sh). Results are wrong while it is set;
-// the first skipped launch logs a warning saying so.
-bool skip_launch(const char* name, unsigned grid_x);
 
 // Brackets work that does not go through launch() (cuBLASLt, copies) when profiling.
 class ProfileRange {
