@@ -22,6 +22,7 @@
 // FLOPs); the JSON gets the same rows under "profile".
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,8 +57,61 @@ using bench::decode_weight_bytes;
 using bench::median;
 using bench::ms_since;
 using bench::parse_batches;
-using bench::synthetic_rgb;
 using nlohmann::json;
+#ifdef QVL_HAVE_CUDA
+// The decode attention's stage stamps of one step (cuda_decode_attention_trace), summarised:
+// per stage, the median over layers and blocks of its time from the block's PDL wait (us); per
+// layer, the attention's span (first block in to last block out) and the gap from its last
+// block out to the next layer's first wait release (the Linears between), medians over layers.
+json decode_trace_summary(const std::vector<uint64_t>& t, int layers) {
+  json j = json::object();
+  if (t.empty()) return j;
+  auto at = [&](int l, int b, int s) {
+    return t[(static_cast<size_t>(l) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + s];
+  };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const char* names[kDecodeTraceStamps] = {"entry",       "keys_issued", "wait_passed",     "prepared",
+                                           "keys_landed", "keys_done",   "partial_written", "merged"};
+  std::vector<std::vector<double>> rel(kDecodeTraceStamps);
+  std::vector<double> span, gap, first_in_to_wait;
+  const int L = std::min(layers, kDecodeTraceLayers);
+  for (int l = 0; l < L; ++l) {
+    uint64_t first_in = UINT64_MAX, last_out = 0, first_wait = UINT64_MAX;
+    for (int b = 0; b < kDecodeSplitBlocks; ++b) {
+      if (at(l, b, 0) == 0) continue;
+      first_in = std::min(first_in, at(l, b, 0));
+      if (at(l, b, 2) == 0) continue;  // an empty split (returned early)
+      first_wait = std::min(first_wait, at(l, b, 2));
+      last_out = std::max(last_out, at(l, b, 7) ? at(l, b, 7) : at(l, b, 6));
+      for (int s = 0; s < kDecodeTraceStamps; ++s)
+        if (at(l, b, s)) rel[s].push_back((static_cast<double>(at(l, b, s)) - static_cast<double>(at(l, b, 2))) / 1e3);
+    }
+    if (first_wait == UINT64_MAX) continue;
+    span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
+    first_in_to_wait.push_back((static_cast<double>(first_wait) - static_cast<double>(first_in)) / 1e3);
+    if (l + 1 < L) {
+      uint64_t next_wait = UINT64_MAX;
+      for (int b = 0; b < kDecodeSplitBlocks; ++b)
+        if (at(l + 1, b, 2)) next_wait = std::min(next_wait, at(l + 1, b, 2));
+      if (next_wait != UINT64_MAX)
+        gap.push_back((static_cast<double>(next_wait) - static_cast<double>(last_out)) / 1e3);
+    }
+  }
+  json stages = json::object();
+  for (int s = 0; s < kDecodeTraceStamps; ++s) stages[names[s]] = median(rel[s]);
+  j["stage_us_from_wait_median"] = stages;
+  j["attention_span_us_median"] = median(span);
+  j["first_entry_to_first_wait_us_median"] = median(first_in_to_wait);
+  j["last_exit_to_next_wait_us_median"] = median(gap);
+  return j;
+}
+#endif
+
+using bench::synthetic_rgb;
 #ifdef QVL_HAVE_CUDA
 using bench::profile_table;
 #endif
@@ -87,6 +141,8 @@ struct BenchOptions {
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
   std::string skip_kernels;              // measurement only: launches left out
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
+  bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
+  int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -150,6 +206,8 @@ Status run_bench(const BenchOptions& o) {
     opts.decode_cluster_merge = !o.no_decode_cluster_merge;
     opts.skip_kernels = o.skip_kernels;
     opts.decode_attention_exit = o.decode_attention_exit;
+    opts.decode_attention_trace = o.decode_attention_trace;
+    if (o.decode_attention_trigger >= 0) opts.decode_attention_trigger = o.decode_attention_trigger;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -374,6 +432,7 @@ Status run_bench(const BenchOptions& o) {
   // ---- decode per batch size ----
   const int64_t kv_token_bytes = 2LL * tc.num_hidden_layers * tc.num_key_value_heads * tc.head_dim * dtype_size(act);
   json decode = json::array();
+  json trace_json = nullptr;
   for (int B : batches) {
     // Every sequence starts from sequence 0's prefilled cache (its pages copied).
     for (int s = 1; s < B; ++s) {
@@ -467,6 +526,10 @@ Status run_bench(const BenchOptions& o) {
     }
     const double sync_step_ms = ms_since(t) / sync_steps;
 #ifdef QVL_HAVE_CUDA
+    if (o.decode_attention_trace && B == 1)
+      trace_json = decode_trace_summary(cuda_decode_attention_trace(be), tc.num_hidden_layers);
+#endif
+#ifdef QVL_HAVE_CUDA
     if (profile) {
       be.synchronize();
       cuda_profile_start(be, 20.0);
@@ -537,6 +600,7 @@ Status run_bench(const BenchOptions& o) {
   out["ttft_ms"] = ttft_ms;
   out["ttft_ms_host_logits"] = ttft_host_ms;
   out["decode"] = decode;
+  if (!trace_json.is_null()) out["decode_attention_trace"] = trace_json;
   out["weights_bytes_decode"] = decode_weight_bytes(model->weights(), 1);
   out["kv_bytes_per_token"] = kv_token_bytes;
   out["offload"] = {
@@ -591,6 +655,13 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "CUDA measurement only (results are wrong): stop the decode attention kernel early "
                  "(attention_decode.cu DecodeParams::debug_exit)")
       ->check(CLI::Range(0, 8));
+  app.add_option("--decode-attention-trigger", o->decode_attention_trigger,
+                 "CUDA A/B: when a decode attention block lets the next kernel launch: 0 after its PDL wait, "
+                 "1 once its keys are done, 2 once its partial is written")
+      ->check(CLI::Range(-1, 2));
+  app.add_flag("--decode-attention-trace", o->decode_attention_trace,
+               "CUDA measurement: %globaltimer stamps of the decode attention's stages at batch 1 "
+               "(JSON decode_attention_trace)");
   app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
                "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
                "in a thread-block cluster");

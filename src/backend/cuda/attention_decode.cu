@@ -28,7 +28,9 @@
 //
 // Programmatic dependent launch: the keys before the newest one were written to the cache by
 // kernels that finished before the previous kernel passed its own grid_dep_wait, so they are
-// fetched before this kernel's grid_dep_wait; the newest key and q are read after it.
+// fetched before this kernel's grid_dep_wait; the newest key and q are read after it. A block lets
+// the next kernel launch once its keys are done, not right after its wait (by default: o_proj's
+// weight loads would otherwise queue ahead of the remaining key rounds; decode_attention_trigger).
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/cuda_backend.h"
 
@@ -67,7 +69,26 @@ struct DecodeParams {
   // round 0 of the keys, issued before the wait, has landed; 7: after the prepare's host inputs
   // (no keys); 1: after both; 8: the whole kernel, but round 0 issued after the wait.
   int debug_exit;
+  // Measurement only (CudaBackendOptions::decode_attention_trace): thread 0 of each block stamps
+  // %globaltimer at trace[((layer * blocks) + block) * kDecodeTraceStamps + stage].
+  unsigned long long* trace;
+  int layer;
+  // When the block lets the next kernel launch (CudaBackendOptions::decode_attention_trigger):
+  // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written.
+  int trigger;
 };
+
+// Stages: 0 entry, 1 first key round issued, 2 PDL wait passed, 3 q/k prepared, 4 first key round
+// landed, 5 keys done, 6 partial written, 7 exit (after the merge).
+__device__ __forceinline__ void stamp(const DecodeParams& p, int stage) {
+  if (p.trace == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned blocks = gridDim.x * gridDim.y, b = blockIdx.x + blockIdx.y * gridDim.x;
+  if (p.layer < kDecodeTraceLayers && b < static_cast<unsigned>(kDecodeSplitBlocks))
+    p.trace[(static_cast<size_t>(p.layer) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + stage] = t;
+  (void)blocks;
+}
 
 // Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
 // an ldmatrix on distinct banks.
@@ -335,6 +356,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ bool s_last;
 
+  stamp(p, 0);
   if (p.debug_exit == 4) {
     grid_dep_wait();
     grid_dep_launch();
@@ -374,6 +396,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int r0 = min(kRound, k_end - k_begin);
   if (r0 > 0 && p.debug_exit != 7 && p.debug_exit != 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
   zero_tail<HD>(kv, max(0, r0));
+  stamp(p, 1);
   if (p.debug_exit == 6) {
     grid_dep_wait();
     grid_dep_launch();
@@ -384,7 +407,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   PrepLane<HD> prep;
   if (p.fused) prepare_inputs<HD>(p, row, prep);
   grid_dep_wait();
-  grid_dep_launch();
+  if (p.trigger == 0) grid_dep_launch();
+  stamp(p, 2);
   if (r0 > 0 && p.debug_exit == 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
   if (p.debug_exit == 1 || p.debug_exit == 7) {
     cp_async_wait<0>();
@@ -420,6 +444,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   cp_async_commit();
+  stamp(p, 3);
 
   float o[MT][4];
 #pragma unroll
@@ -441,6 +466,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if (r == 0) stamp(p, 4);
     if (r == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) ldsm_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
@@ -520,6 +546,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     __syncthreads();  // this stage is refilled by the next round's prefetch
   }
   cp_async_wait<0>();
+  stamp(p, 5);
+  if (p.trigger == 1) grid_dep_launch();
 
   // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
   if (g == 0) {
@@ -578,9 +606,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
   }
+  stamp(p, 6);
+  if (p.trigger == 2) grid_dep_launch();
   if (p.splits == 1) return;
   if constexpr (kCluster) {
     cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
+    stamp(p, 7);
     return;
   }
 
@@ -716,6 +747,9 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   p.splits = splits;
   p.scale_log2 = scale * 1.4426950408889634f;
   p.debug_exit = ctx.decode_attention_exit;
+  p.trace = ctx.decode_trace;
+  p.trigger = ctx.decode_attention_trigger;
+  p.layer = layer;
   if (prepare) {
     QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&
               prepare->q_norm.dtype == prepare->k_norm.dtype &&

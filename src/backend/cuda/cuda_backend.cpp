@@ -51,6 +51,13 @@ Status CudaBackend::init() {
   cuda::configure_vision_attention();
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
+  if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
+    const size_t bytes = sizeof(uint64_t) * kDecodeTraceStamps * kDecodeTraceLayers * kDecodeSplitBlocks;
+    QVL_ASSIGN_OR_RETURN(decode_trace_, allocate(bytes, "decode attention trace"));
+    QVL_CUDA_OK(cudaMemset(decode_trace_.data(), 0, bytes));
+    ctx_.decode_trace = static_cast<unsigned long long*>(decode_trace_.data());
+  }
+  ctx_.decode_attention_trigger = options_.decode_attention_trigger;
   skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
   if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {
     log_warn("CUDA backend: kernels left out or cut short for a measurement; every result is wrong");
@@ -393,6 +400,12 @@ std::vector<CudaKernelTime> cuda_profile_stop(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   QVL_CHECK(cuda != nullptr) << "cuda_profile_stop on a " << backend.name() << " backend";
   return cuda->profile_stop();
+}
+
+std::vector<uint64_t> cuda_decode_attention_trace(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  QVL_CHECK(cuda != nullptr) << "cuda_decode_attention_trace of a " << backend.name() << " backend";
+  return cuda->decode_attention_trace();
 }
 
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend) {

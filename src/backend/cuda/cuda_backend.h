@@ -98,6 +98,15 @@ struct CudaBackendOptions {
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
   std::string skip_kernels;
   int decode_attention_exit = 0;
+  // Measurement only (qvl bench --decode-attention-trace): the decode attention kernel stamps
+  // %globaltimer at its stages, block by block, for the last step (cuda_decode_attention_trace).
+  bool decode_attention_trace = false;
+  // When a decode attention block lets the next kernel (o_proj) launch and start loading its
+  // weights: 0 right after its PDL wait, 1 once its keys are done, 2 once its partial is written.
+  // o_proj's weight loads delay the attention's key loads (3 us per key round at 3000 tokens with
+  // 0): 1 measured −0.7% / +0.2% / −0.9% per decode step for 2B / 2B FP8 / 4B FP8 at 840 tokens
+  // of context, −1.4% for 2B at 3000 (H100, bench/RESULTS.md run 8).
+  int decode_attention_trigger = 1;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.
@@ -202,6 +211,12 @@ struct CudaFp8GemmCounts {
   int64_t dequant = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
+// The decode attention's stage stamps of the latest launch per layer (empty unless
+// CudaBackendOptions::decode_attention_trace): [layer][block][kDecodeTraceStamps] %globaltimer
+// ns, 0 where a block did not reach a stage; kDecodeTraceLayers x kDecodeSplitBlocks blocks.
+inline constexpr int kDecodeTraceStamps = 8;
+inline constexpr int kDecodeTraceLayers = 64;
+std::vector<uint64_t> cuda_decode_attention_trace(Backend& backend);
 
 // Test hook: the W8A8 activation quantisation (fp8_quant.cu) of x [n, K] BF16 on the backend's
 // stream into q [n, K] F8E4M3 and scales [ceil(K / 128), main_rows] F32 (cuBLASLt's VEC128_32F

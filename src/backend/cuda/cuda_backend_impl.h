@@ -52,6 +52,14 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::kBF16; }
 
   CudaFp8GemmCounts fp8_gemm_counts() const { return fp8_counts_; }
+  std::vector<uint64_t> decode_attention_trace() {
+    std::vector<uint64_t> t;
+    if (!decode_trace_.data()) return t;
+    synchronize();
+    t.resize(decode_trace_.size() / sizeof(uint64_t));
+    QVL_CUDA_OK(cudaMemcpy(t.data(), decode_trace_.data(), decode_trace_.size(), cudaMemcpyDeviceToHost));
+    return t;
+  }
   void quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x);
   CudaMemoryStats memory_stats() const;
   void reset_peak() { stats_->peak.store(stats_->allocated.load()); }
@@ -189,7 +197,8 @@ class CudaBackend final : public Backend {
   WeightPlacement* placement_ = nullptr;
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
-  std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
+  std::vector<cuda::SkipRule> skip_rules_;
+  DeviceBuffer decode_trace_;  // ctx_.decode_trace (measurement only)  // ctx_.skip points here (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;
   DeviceBuffer stack_trace_;  // decoder_stack phase stamps while profiling
   int trace_layers_ = 0;      // layers of the last traced decoder_stack launch (0: none pending)
