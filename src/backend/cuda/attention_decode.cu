@@ -70,7 +70,7 @@ struct DecodeParams {
   // (no keys); 1: after both; 8: the whole kernel, but round 0 issued after the wait.
   int debug_exit;
   // Measurement only (CudaBackendOptions::decode_attention_trace): thread 0 of each block stamps
-  // %globaltimer at trace[((layer * blocks) + block) * kDecodeTraceStamps + stage].
+  // %globaltimer at trace[((layer * kDecodeSplitBlocks) + block) * kDecodeTraceStamps + stage].
   unsigned long long* trace;
   int layer;
   // When the block lets the next kernel launch (CudaBackendOptions::decode_attention_trigger):
@@ -84,10 +84,9 @@ __device__ __forceinline__ void stamp(const DecodeParams& p, int stage) {
   if (p.trace == nullptr || threadIdx.x != 0) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const unsigned blocks = gridDim.x * gridDim.y, b = blockIdx.x + blockIdx.y * gridDim.x;
+  const unsigned b = blockIdx.x + blockIdx.y * gridDim.x;
   if (p.layer < kDecodeTraceLayers && b < static_cast<unsigned>(kDecodeSplitBlocks))
     p.trace[(static_cast<size_t>(p.layer) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + stage] = t;
-  (void)blocks;
 }
 
 // Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
