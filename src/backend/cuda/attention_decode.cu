@@ -158,13 +158,14 @@ __device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
 }
 
 // Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
-// (row r < kRound: K of key k0 + r; row kRound + r: V). BF16: cp.async, 16 bytes per thread
-// and step; FP8: 8-byte loads widened to BF16 and stored (synchronously).
+// (row r < kRound: K of key k0 + r; row kRound + r: V), by threads tid of nthreads. BF16:
+// cp.async, 16 bytes per thread and step; FP8: 8-byte loads widened to BF16 and stored
+// (synchronously).
 template <int HD, bool kFp8>
 __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                           int rows, int newest) {
+                                           int rows, int newest, int tid, int nthreads) {
   constexpr int CPR = HD / 8;  // 8-element chunks per row
-  for (int c = threadIdx.x; c < 2 * rows * CPR; c += kThreads) {
+  for (int c = tid; c < 2 * rows * CPR; c += nthreads) {
     const int rr = c / CPR, chunk = c % CPR;
     const bool v = rr >= rows;
     const int r = v ? rr - rows : rr;
@@ -393,7 +394,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int newest = ctx - 1;
   const bool own_newest = newest >= k_begin && newest < k_end;
   const int r0 = min(kRound, k_end - k_begin);
-  if (r0 > 0 && p.debug_exit != 7 && p.debug_exit != 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
+  // With the prepare fused, its inputs are gathered by the last warp while the others issue the
+  // first keys: both chains are dependent loads, and a block that becomes resident late (as the
+  // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
+  const int issuers = p.fused ? kThreads - 32 : kThreads;
+  if (r0 > 0 && p.debug_exit != 7 && p.debug_exit != 8 && static_cast<int>(threadIdx.x) < issuers)
+    load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers);
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
   if (p.debug_exit == 6) {
@@ -403,15 +409,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     return;
   }
   const int row = p.query_start[seq];
+  __shared__ PrepLane<HD> s_prep[32];
   PrepLane<HD> prep;
-  if (p.fused) prepare_inputs<HD>(p, row, prep);
+  if (p.fused && warp == kWarps - 1) {
+    prepare_inputs<HD>(p, row, prep);
+    s_prep[lane] = prep;
+  }
   grid_dep_wait();
   if (p.trigger == 0) grid_dep_launch();
   stamp(p, 2);
-  if (r0 > 0 && p.debug_exit == 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest);
+  if (r0 > 0 && p.debug_exit == 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, kThreads);
   if (p.debug_exit == 1 || p.debug_exit == 7) {
     cp_async_wait<0>();
     return;
+  }
+  if (p.fused) {
+    __syncthreads();  // s_prep
+    prep = s_prep[lane];
   }
   {
     const int64_t ld = static_cast<int64_t>(p.hq + 2 * p.hkv) * HD;
@@ -459,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (r + 1 < nrounds) {
       const int k1 = k0 + kRound;
       char* next = kv + ((r + 1) % kStages) * 2 * kRound * pitch<HD>();
-      load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
+      load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
       zero_tail<HD>(next, min(kRound, k_end - k1));
     }
     cp_async_commit();
