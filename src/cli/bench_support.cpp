@@ -2,6 +2,7 @@
 #include "cli/bench_support.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -79,6 +80,57 @@ Result<double> copy_bandwidth(Backend& be, bool device) {
 }
 
 #ifdef QVL_HAVE_CUDA
+nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) {
+  nlohmann::json j = nlohmann::json::object();
+  if (t.empty()) return j;
+  auto at = [&](int l, int b, int s) {
+    return t[(static_cast<size_t>(l) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + s];
+  };
+  const char* names[kDecodeTraceStamps] = {"entry",       "keys_issued", "wait_passed",     "prepared",
+                                           "keys_landed", "keys_done",   "partial_written", "merged"};
+  std::vector<std::vector<double>> rel(kDecodeTraceStamps), last(kDecodeTraceStamps);
+  std::vector<double> span, gap, first_in_to_wait;
+  const int L = std::min(layers, kDecodeTraceLayers);
+  for (int l = 0; l < L; ++l) {
+    uint64_t first_in = UINT64_MAX, last_out = 0, first_wait = UINT64_MAX;
+    std::vector<uint64_t> latest(kDecodeTraceStamps, 0);
+    for (int b = 0; b < kDecodeSplitBlocks; ++b) {
+      if (at(l, b, 0) == 0) continue;
+      first_in = std::min(first_in, at(l, b, 0));
+      if (at(l, b, 2) == 0) continue;  // an empty split (returned early)
+      first_wait = std::min(first_wait, at(l, b, 2));
+      last_out = std::max(last_out, at(l, b, 7) ? at(l, b, 7) : at(l, b, 6));
+      for (int s = 0; s < kDecodeTraceStamps; ++s) {
+        if (at(l, b, s)) rel[s].push_back((static_cast<double>(at(l, b, s)) - static_cast<double>(at(l, b, 2))) / 1e3);
+        latest[s] = std::max(latest[s], at(l, b, s));
+      }
+    }
+    if (first_wait == UINT64_MAX) continue;
+    for (int s = 0; s < kDecodeTraceStamps; ++s)
+      if (latest[s]) last[s].push_back((static_cast<double>(latest[s]) - static_cast<double>(first_wait)) / 1e3);
+    span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
+    first_in_to_wait.push_back((static_cast<double>(first_wait) - static_cast<double>(first_in)) / 1e3);
+    if (l + 1 < L) {
+      uint64_t next_wait = UINT64_MAX;
+      for (int b = 0; b < kDecodeSplitBlocks; ++b)
+        if (at(l + 1, b, 2)) next_wait = std::min(next_wait, at(l + 1, b, 2));
+      if (next_wait != UINT64_MAX)
+        gap.push_back((static_cast<double>(next_wait) - static_cast<double>(last_out)) / 1e3);
+    }
+  }
+  nlohmann::json stages = nlohmann::json::object();
+  for (int s = 0; s < kDecodeTraceStamps; ++s) stages[names[s]] = median(rel[s]);
+  j["stage_us_from_wait_median"] = stages;
+  nlohmann::json slowest =
+      nlohmann::json::object();  // per layer, the last block to reach the stage, from the first wait
+  for (int s = 0; s < kDecodeTraceStamps; ++s) slowest[names[s]] = median(last[s]);
+  j["stage_us_last_block_from_first_wait_median"] = slowest;
+  j["attention_span_us_median"] = median(span);
+  j["first_entry_to_first_wait_us_median"] = median(first_in_to_wait);
+  j["last_exit_to_next_wait_us_median"] = median(gap);
+  return j;
+}
+
 nlohmann::json profile_table(const std::string& title, const std::vector<CudaKernelTime>& times) {
   struct Row {
     std::string op, kernel;

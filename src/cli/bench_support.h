@@ -1,6 +1,6 @@
 // Pieces of `qvl bench` (cmd_bench.cpp) that are not the benchmark itself: timing helpers, the
 // --batch parser, the bytes a decode step reads, the copy-bandwidth test behind the floor, the
-// per-op profile table, and the synthetic test image.
+// per-op profile table, the decode attention trace summary, and the synthetic test image.
 #pragma once
 
 #include <chrono>
@@ -37,6 +37,12 @@ Result<double> copy_bandwidth(Backend& be, bool device);
 #ifdef QVL_HAVE_CUDA
 // One profile table: launches grouped by op label, largest total first, printed to stderr.
 nlohmann::json profile_table(const std::string& title, const std::vector<CudaKernelTime>& times);
+// The decode attention's stage stamps of one step (cuda_decode_attention_trace), summarised:
+// per stage, the median over layers and blocks of its time from the block's PDL wait (us), and
+// the median over layers of the last block to reach it, from the layer's first wait; per
+// layer, the attention's span (first block in to last block out) and the gap from its last
+// block out to the next layer's first wait release (the Linears between), medians over layers.
+nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers);
 #endif
 
 // A deterministic RGB8 image of n bytes (an LCG's high bits).

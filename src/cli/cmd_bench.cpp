@@ -22,7 +22,6 @@
 // FLOPs); the JSON gets the same rows under "profile".
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -57,71 +56,10 @@ using bench::decode_weight_bytes;
 using bench::median;
 using bench::ms_since;
 using bench::parse_batches;
+using bench::synthetic_rgb;
 using nlohmann::json;
 #ifdef QVL_HAVE_CUDA
-// The decode attention's stage stamps of one step (cuda_decode_attention_trace), summarised:
-// per stage, the median over layers and blocks of its time from the block's PDL wait (us), and
-// the median over layers of the last block to reach it, from the layer's first wait; per
-// layer, the attention's span (first block in to last block out) and the gap from its last
-// block out to the next layer's first wait release (the Linears between), medians over layers.
-json decode_trace_summary(const std::vector<uint64_t>& t, int layers) {
-  json j = json::object();
-  if (t.empty()) return j;
-  auto at = [&](int l, int b, int s) {
-    return t[(static_cast<size_t>(l) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + s];
-  };
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const char* names[kDecodeTraceStamps] = {"entry",       "keys_issued", "wait_passed",     "prepared",
-                                           "keys_landed", "keys_done",   "partial_written", "merged"};
-  std::vector<std::vector<double>> rel(kDecodeTraceStamps), last(kDecodeTraceStamps);
-  std::vector<double> span, gap, first_in_to_wait;
-  const int L = std::min(layers, kDecodeTraceLayers);
-  for (int l = 0; l < L; ++l) {
-    uint64_t first_in = UINT64_MAX, last_out = 0, first_wait = UINT64_MAX;
-    std::vector<uint64_t> latest(kDecodeTraceStamps, 0);
-    for (int b = 0; b < kDecodeSplitBlocks; ++b) {
-      if (at(l, b, 0) == 0) continue;
-      first_in = std::min(first_in, at(l, b, 0));
-      if (at(l, b, 2) == 0) continue;  // an empty split (returned early)
-      first_wait = std::min(first_wait, at(l, b, 2));
-      last_out = std::max(last_out, at(l, b, 7) ? at(l, b, 7) : at(l, b, 6));
-      for (int s = 0; s < kDecodeTraceStamps; ++s) {
-        if (at(l, b, s)) rel[s].push_back((static_cast<double>(at(l, b, s)) - static_cast<double>(at(l, b, 2))) / 1e3);
-        latest[s] = std::max(latest[s], at(l, b, s));
-      }
-    }
-    if (first_wait == UINT64_MAX) continue;
-    for (int s = 0; s < kDecodeTraceStamps; ++s)
-      if (latest[s]) last[s].push_back((static_cast<double>(latest[s]) - static_cast<double>(first_wait)) / 1e3);
-    span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
-    first_in_to_wait.push_back((static_cast<double>(first_wait) - static_cast<double>(first_in)) / 1e3);
-    if (l + 1 < L) {
-      uint64_t next_wait = UINT64_MAX;
-      for (int b = 0; b < kDecodeSplitBlocks; ++b)
-        if (at(l + 1, b, 2)) next_wait = std::min(next_wait, at(l + 1, b, 2));
-      if (next_wait != UINT64_MAX)
-        gap.push_back((static_cast<double>(next_wait) - static_cast<double>(last_out)) / 1e3);
-    }
-  }
-  json stages = json::object();
-  for (int s = 0; s < kDecodeTraceStamps; ++s) stages[names[s]] = median(rel[s]);
-  j["stage_us_from_wait_median"] = stages;
-  json slowest = json::object();  // per layer, the last block to reach the stage, from the first wait
-  for (int s = 0; s < kDecodeTraceStamps; ++s) slowest[names[s]] = median(last[s]);
-  j["stage_us_last_block_from_first_wait_median"] = slowest;
-  j["attention_span_us_median"] = median(span);
-  j["first_entry_to_first_wait_us_median"] = median(first_in_to_wait);
-  j["last_exit_to_next_wait_us_median"] = median(gap);
-  return j;
-}
-#endif
-
-using bench::synthetic_rgb;
-#ifdef QVL_HAVE_CUDA
+using bench::decode_trace_summary;
 using bench::profile_table;
 #endif
 
@@ -537,8 +475,6 @@ Status run_bench(const BenchOptions& o) {
 #ifdef QVL_HAVE_CUDA
     if (o.decode_attention_trace && B == 1)
       trace_json = decode_trace_summary(cuda_decode_attention_trace(be), tc.num_hidden_layers);
-#endif
-#ifdef QVL_HAVE_CUDA
     if (profile) {
       be.synchronize();
       cuda_profile_start(be, 20.0);
@@ -663,7 +599,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--decode-attention-exit", o->decode_attention_exit,
                  "CUDA measurement only (results are wrong): stop the decode attention kernel early "
                  "(attention_decode.cu DecodeParams::debug_exit)")
-      ->check(CLI::Range(0, 8));
+      ->check(CLI::Range(0, 7));
   app.add_option("--decode-attention-trigger", o->decode_attention_trigger,
                  "CUDA A/B: when a decode attention block lets the next kernel launch: 0 after its PDL wait, "
                  "1 once its keys are done, 2 once its partial is written")

@@ -67,7 +67,7 @@ struct DecodeParams {
   // Measurement only (CudaBackendOptions::decode_attention_exit; the output is wrong): where the
   // kernel stops. 4: at once (after the PDL wait); 5: after reading the context length; 6: after
   // round 0 of the keys, issued before the wait, has landed; 7: after the prepare's host inputs
-  // (no keys); 1: after both; 8: the whole kernel, but round 0 issued after the wait.
+  // (no keys); 1: after both.
   int debug_exit;
   // Measurement only (CudaBackendOptions::decode_attention_trace): thread 0 of each block stamps
   // %globaltimer at trace[((layer * kDecodeSplitBlocks) + block) * kDecodeTraceStamps + stage].
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (k_begin >= k_end && split != 0) {
     grid_dep_wait();
     grid_dep_launch();
-    if (p.debug_exit != 0 && p.debug_exit != 8) return;
+    if (p.debug_exit != 0) return;
     if constexpr (kCluster)
       cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     return;
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // first keys: both chains are dependent loads, and a block that becomes resident late (as the
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
-  if (r0 > 0 && p.debug_exit != 7 && p.debug_exit != 8 && static_cast<int>(threadIdx.x) < issuers)
+  if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers)
     load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers);
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
@@ -418,7 +418,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   grid_dep_wait();
   if (p.trigger == 0) grid_dep_launch();
   stamp(p, 2);
-  if (r0 > 0 && p.debug_exit == 8) load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, kThreads);
   if (p.debug_exit == 1 || p.debug_exit == 7) {
     cp_async_wait<0>();
     return;
@@ -667,6 +666,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
 }
 
+// The decode kernel for a head dim (64 or 128) and cache dtype.
+template <bool kCluster>
+auto decode_kernel_for(int hd, bool fp8) {
+  if (hd == 64) return fp8 ? decode_kernel<64, true, kCluster> : decode_kernel<64, false, kCluster>;
+  return fp8 ? decode_kernel<128, true, kCluster> : decode_kernel<128, false, kCluster>;
+}
+
 template <int HD, bool kFp8>
 void configure_one() {
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -783,27 +789,15 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
     p.rope = prepare->rope;
   }
   const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
-  const dim3 block(kThreads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
-  const char* name = "text_decode_attention";
-  if (cluster) {
-    const dim3 grid(units * static_cast<unsigned>(splits));
-    const unsigned cx = static_cast<unsigned>(splits);
-    if (hd == 64)
-      launch_clustered(ctx, name, cx, fp8 ? decode_kernel<64, true, true> : decode_kernel<64, false, true>, grid, block,
-                       decode_smem_bytes<64>(), p);
-    else
-      launch_clustered(ctx, name, cx, fp8 ? decode_kernel<128, true, true> : decode_kernel<128, false, true>, grid,
-                       block, decode_smem_bytes<128>(), p);
-    return;
-  }
-  const dim3 grid(units, static_cast<unsigned>(splits));
-  if (hd == 64)
-    launch(ctx, name, fp8 ? decode_kernel<64, true, false> : decode_kernel<64, false, false>, grid, block,
-           decode_smem_bytes<64>(), p);
+  const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
+  // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
+  if (cluster)
+    launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8),
+                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem, p);
   else
-    launch(ctx, name, fp8 ? decode_kernel<128, true, false> : decode_kernel<128, false, false>, grid, block,
-           decode_smem_bytes<128>(), p);
+    launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8), dim3(units, static_cast<unsigned>(splits)),
+           dim3(kThreads), smem, p);
 }
 
 }  // namespace qvl::cuda

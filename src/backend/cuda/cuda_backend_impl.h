@@ -197,8 +197,8 @@ class CudaBackend final : public Backend {
   WeightPlacement* placement_ = nullptr;
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
-  std::vector<cuda::SkipRule> skip_rules_;
-  DeviceBuffer decode_trace_;  // ctx_.decode_trace (measurement only)  // ctx_.skip points here (measurement only)
+  std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
+  DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;
   DeviceBuffer stack_trace_;  // decoder_stack phase stamps while profiling
   int trace_layers_ = 0;      // layers of the last traced decoder_stack launch (0: none pending)
