@@ -86,28 +86,59 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
   auto at = [&](int l, int b, int s) {
     return t[(static_cast<size_t>(l) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + s];
   };
-  const char* names[kDecodeTraceStamps] = {"entry",       "keys_issued", "wait_passed",     "prepared",
-                                           "keys_landed", "keys_done",   "partial_written", "merged"};
-  std::vector<std::vector<double>> rel(kDecodeTraceStamps), last(kDecodeTraceStamps);
+  constexpr int kTimes = kDecodeTraceUnit;  // the stamps that are times
+  const char* names[kTimes] = {"entry",           "keys_issued", "wait_passed",        "prepared",
+                               "keys_landed",     "keys_done",   "partial_written",    "merged",
+                               "warps_ml_shared", "cluster_barrier_1", "split_weights", "outputs_written"};
+  std::vector<std::vector<double>> rel(kTimes), last(kTimes);
   std::vector<double> span, gap, first_in_to_wait;
+  // Per (layer, unit) of the blocks that hold keys: the latest of each stage over the unit's
+  // blocks, and the spread of their entries (one cluster enters together).
+  std::vector<std::vector<double>> unit_gap(4), last_unit_gap(4);
+  std::vector<double> entry_spread;
   const int L = std::min(layers, kDecodeTraceLayers);
   for (int l = 0; l < L; ++l) {
     uint64_t first_in = UINT64_MAX, last_out = 0, first_wait = UINT64_MAX;
-    std::vector<uint64_t> latest(kDecodeTraceStamps, 0);
+    std::vector<uint64_t> latest(kTimes, 0);
+    std::map<uint64_t, std::vector<uint64_t>> unit_latest;  // unit -> latest stage times
+    std::map<uint64_t, std::pair<uint64_t, uint64_t>> unit_entry;
     for (int b = 0; b < kDecodeSplitBlocks; ++b) {
       if (at(l, b, 0) == 0) continue;
       first_in = std::min(first_in, at(l, b, 0));
+      const uint64_t unit = at(l, b, kDecodeTraceUnit);
+      auto ue = unit_entry.emplace(unit, std::make_pair(at(l, b, 0), at(l, b, 0))).first;
+      ue->second.first = std::min(ue->second.first, at(l, b, 0));
+      ue->second.second = std::max(ue->second.second, at(l, b, 0));
       if (at(l, b, 2) == 0) continue;  // an empty split (returned early)
       first_wait = std::min(first_wait, at(l, b, 2));
       last_out = std::max(last_out, at(l, b, 7) ? at(l, b, 7) : at(l, b, 6));
-      for (int s = 0; s < kDecodeTraceStamps; ++s) {
+      auto ul = unit_latest.emplace(unit, std::vector<uint64_t>(kTimes, 0)).first;
+      for (int s = 0; s < kTimes; ++s) {
         if (at(l, b, s)) rel[s].push_back((static_cast<double>(at(l, b, s)) - static_cast<double>(at(l, b, 2))) / 1e3);
         latest[s] = std::max(latest[s], at(l, b, s));
+        ul->second[s] = std::max(ul->second[s], at(l, b, s));
       }
     }
     if (first_wait == UINT64_MAX) continue;
-    for (int s = 0; s < kDecodeTraceStamps; ++s)
+    for (int s = 0; s < kTimes; ++s)
       if (latest[s]) last[s].push_back((static_cast<double>(latest[s]) - static_cast<double>(first_wait)) / 1e3);
+    for (const auto& [unit, e] : unit_entry) entry_spread.push_back(static_cast<double>(e.second - e.first) / 1e3);
+    // The merge's steps after the unit's slowest partial: partial -> first cluster barrier ->
+    // outputs written -> exit (every block's latest), and the same for the unit that ends last.
+    const int seq[5] = {6, 9, 11, 7, 7};
+    uint64_t last_exit = 0;
+    const std::vector<uint64_t>* last_unit = nullptr;
+    for (const auto& [unit, v] : unit_latest) {
+      if (v[7] == 0 || v[9] == 0 || v[11] == 0) continue;  // no cluster merge
+      for (int i = 0; i < 3; ++i) unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
+      unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
+      if (v[7] > last_exit) last_exit = v[7], last_unit = &v;
+    }
+    if (last_unit) {
+      const std::vector<uint64_t>& v = *last_unit;
+      for (int i = 0; i < 3; ++i) last_unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
+      last_unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
+    }
     span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
     first_in_to_wait.push_back((static_cast<double>(first_wait) - static_cast<double>(first_in)) / 1e3);
     if (l + 1 < L) {
@@ -119,12 +150,22 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
     }
   }
   nlohmann::json stages = nlohmann::json::object();
-  for (int s = 0; s < kDecodeTraceStamps; ++s) stages[names[s]] = median(rel[s]);
+  for (int s = 0; s < kTimes; ++s) stages[names[s]] = median(rel[s]);
   j["stage_us_from_wait_median"] = stages;
   nlohmann::json slowest =
       nlohmann::json::object();  // per layer, the last block to reach the stage, from the first wait
-  for (int s = 0; s < kDecodeTraceStamps; ++s) slowest[names[s]] = median(last[s]);
+  for (int s = 0; s < kTimes; ++s) slowest[names[s]] = median(last[s]);
   j["stage_us_last_block_from_first_wait_median"] = slowest;
+  const char* gap_names[4] = {"slowest_partial_to_barrier_1", "barrier_1_to_last_outputs", "last_outputs_to_last_exit",
+                              "last_wait_to_slowest_partial"};
+  nlohmann::json units = nlohmann::json::object(), last_units = nlohmann::json::object();
+  for (int i = 0; i < 4; ++i) {
+    units[gap_names[i]] = median(unit_gap[i]);
+    last_units[gap_names[i]] = median(last_unit_gap[i]);
+  }
+  j["cluster_us_median"] = units;             // over every (layer, unit) with a cluster merge
+  j["last_cluster_us_median"] = last_units;   // per layer, the unit that exits last
+  j["cluster_entry_spread_us_median"] = median(entry_spread);
   j["attention_span_us_median"] = median(span);
   j["first_entry_to_first_wait_us_median"] = median(first_in_to_wait);
   j["last_exit_to_next_wait_us_median"] = median(gap);

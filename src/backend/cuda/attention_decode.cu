@@ -13,11 +13,12 @@
 // At the end the 4 warps' (m, l, O) merge in shared memory; with one split the block writes the
 // output, otherwise its partial (O, m, l), and the last split of a (sequence, kv head) to
 // arrive merges the splits (an arrival counter: no second kernel). On sm_90 the splits of a
-// (sequence, kv head) can instead be one thread-block cluster (kCluster): the partials stay in
-// shared memory, and after a cluster barrier each block merges a slice of the outputs from
-// all of them through distributed shared memory, with the same arithmetic as the last-arriver
-// merge (the same bits for the same number of splits; a cluster holds at most 16) but no
-// fence, atomic or L2 round trip.
+// (sequence, kv head) can instead be one thread-block cluster (kCluster): each block stores its
+// partial straight into the shared memory of the blocks that write its outputs (each owns a
+// slice of the group's outputs; remote stores, which need no round trip), and after one cluster
+// barrier each block merges its slice from its own shared memory, with the same arithmetic as
+// the last-arriver merge (the same bits for the same number of splits; a cluster holds at most
+// 16) but no fence, atomic, L2 or remote read.
 //
 // The newest key of a sequence (context_len - 1, this step's row) never goes through the stages:
 // its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
@@ -79,14 +80,24 @@ struct DecodeParams {
 };
 
 // Stages: 0 entry, 1 first key round issued, 2 PDL wait passed, 3 q/k prepared, 4 first key round
-// landed, 5 keys done, 6 partial written, 7 exit (after the merge).
+// landed, 5 keys done, 6 partial written, 7 exit (after the merge); in the merges: 8 the warps'
+// (m, l) shared, 9 the cluster's first barrier passed, 10 the split weights computed, 11 the
+// block's outputs written. Slot kDecodeTraceUnit holds the block's (sequence, kv head) unit + 1.
+__device__ __forceinline__ unsigned long long* trace_slot(const DecodeParams& p) {
+  if (p.trace == nullptr || threadIdx.x != 0) return nullptr;
+  const unsigned b = blockIdx.x + blockIdx.y * gridDim.x;
+  if (p.layer >= kDecodeTraceLayers || b >= static_cast<unsigned>(kDecodeSplitBlocks)) return nullptr;
+  return p.trace + (static_cast<size_t>(p.layer) * kDecodeSplitBlocks + b) * kDecodeTraceStamps;
+}
 __device__ __forceinline__ void stamp(const DecodeParams& p, int stage) {
-  if (p.trace == nullptr || threadIdx.x != 0) return;
+  unsigned long long* slot = trace_slot(p);
+  if (slot == nullptr) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const unsigned b = blockIdx.x + blockIdx.y * gridDim.x;
-  if (p.layer < kDecodeTraceLayers && b < static_cast<unsigned>(kDecodeSplitBlocks))
-    p.trace[(static_cast<size_t>(p.layer) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + stage] = t;
+  slot[stage] = t;
+}
+__device__ __forceinline__ void stamp_unit(const DecodeParams& p, int unit) {
+  if (unsigned long long* slot = trace_slot(p)) slot[kDecodeTraceUnit] = static_cast<unsigned long long>(unit) + 1;
 }
 
 // Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
@@ -191,12 +202,17 @@ __device__ __forceinline__ bf16 as_cached(float v, int esize) {
 // What a lane of the fused text_qkv_prepare needs besides qkv, all from host-written inputs
 // and weights, so it is gathered before the PDL wait: the row's slot, and for the lane's
 // rotary pairs (j, j + dh/2), j = lane + 32 i: cos/sin of the M-RoPE angle (rounded to BF16
-// like the reference's table) and the q/k norm weights.
+// like the reference's table); and the q/k norm weights of those pairs (PrepNorm: weights, read
+// by every warp for itself; the rest by one warp, shared through shared memory).
 template <int HD>
 struct PrepLane {
   static constexpr int kPairs = (HD / 2 + 31) / 32;
-  int32_t slot = -1;
-  float cs[kPairs], sn[kPairs], wq[2][kPairs], wk[2][kPairs];
+  int32_t slot;
+  float cs[kPairs], sn[kPairs];
+};
+template <int HD>
+struct PrepNorm {
+  float wq[2][PrepLane<HD>::kPairs], wk[2][PrepLane<HD>::kPairs];
 };
 
 template <int HD>
@@ -214,12 +230,21 @@ __device__ __forceinline__ void prepare_inputs(const DecodeParams& p, int row, P
     sincosf(pos * p.rope.inv_freq[j], &sn, &cs);
     in.cs[i] = bf16_round(cs);
     in.sn[i] = bf16_round(sn);
+  }
+}
+template <int HD>
+__device__ __forceinline__ void prepare_norms(const DecodeParams& p, PrepNorm<HD>& nw) {
+  constexpr int kHalf = HD / 2;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
+    const int j = min(lane + 32 * i, kHalf - 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int jj = j + h * kHalf;
-      in.wq[h][i] = p.norm_f32 ? static_cast<const float*>(p.q_norm)[jj]
+      nw.wq[h][i] = p.norm_f32 ? static_cast<const float*>(p.q_norm)[jj]
                                : __bfloat162float(static_cast<const bf16*>(p.q_norm)[jj]);
-      in.wk[h][i] = p.norm_f32 ? static_cast<const float*>(p.k_norm)[jj]
+      nw.wk[h][i] = p.norm_f32 ? static_cast<const float*>(p.k_norm)[jj]
                                : __bfloat162float(static_cast<const bf16*>(p.k_norm)[jj]);
     }
   }
@@ -231,7 +256,8 @@ __device__ __forceinline__ void prepare_inputs(const DecodeParams& p, int row, P
 // row's slot, unless it is < 0) and, as the cache holds them, to nbuf.
 template <int HD>
 __device__ __forceinline__ void prepare_head(const DecodeParams& p, const bf16* qkv_row, const PrepLane<HD>& in,
-                                             int kvh, int group, int task, char* qs, char* nbuf) {
+                                             const PrepNorm<HD>& nw, int kvh, int group, int task, char* qs,
+                                             char* nbuf) {
   constexpr int kHalf = HD / 2;
   constexpr int kPairs = PrepLane<HD>::kPairs;
   const int lane = threadIdx.x & 31;
@@ -266,8 +292,8 @@ __device__ __forceinline__ void prepare_head(const DecodeParams& p, const bf16* 
   for (int i = 0; i < kPairs; ++i) {
     const int j = lane + 32 * i;
     if (j >= kHalf) continue;
-    const float x1 = bf16_round((is_q ? in.wq[0][i] : in.wk[0][i]) * bf16_round(a[i] * rstd));
-    const float x2 = bf16_round((is_q ? in.wq[1][i] : in.wk[1][i]) * bf16_round(b[i] * rstd));
+    const float x1 = bf16_round((is_q ? nw.wq[0][i] : nw.wk[0][i]) * bf16_round(a[i] * rstd));
+    const float x2 = bf16_round((is_q ? nw.wq[1][i] : nw.wk[1][i]) * bf16_round(b[i] * rstd));
     const float cs = in.cs[i], sn = in.sn[i];
     const float o1 = bf16_round(x1 * cs) + bf16_round(-x2 * sn);
     const float o2 = bf16_round(x2 * cs) + bf16_round(x1 * sn);
@@ -296,54 +322,66 @@ __device__ __forceinline__ void zero_tail(char* stage, int valid) {
         make_uint4(0, 0, 0, 0);
 }
 
-// Shared memory of the cluster merge, over the (then idle) stages past the warps' reduction:
-// the block's partial O [kMaxGroup][HD], then m and l [kMaxGroup], then the split weights.
+// The cluster merge's inbox, past the kernel's other shared memory: what the blocks of the
+// cluster push into this one (remote stores, no round trip) before their common barrier:
+// [splits][per] floats of O (the slice of every split's partial whose outputs this block writes,
+// per = merge_per), then [splits][group][m, l]. Sized per launch (inbox_bytes).
+__host__ __device__ inline int merge_per(int group, int hd, int splits) {
+  return (group * hd + splits - 1) / splits;
+}
+inline size_t inbox_bytes(int group, int hd, int splits) {
+  return static_cast<size_t>(splits) * (merge_per(group, hd, splits) + 2 * group) * sizeof(float);
+}
+constexpr size_t kMaxInboxBytes =
+    static_cast<size_t>(kMaxGroup * 128 + kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
 template <int HD>
-struct ClusterSmem {
-  static constexpr size_t kRed = static_cast<size_t>(kWarps) * kMaxGroup * HD * sizeof(float);
-  static constexpr size_t kO = kRed, kM = kO + kMaxGroup * HD * sizeof(float), kL = kM + kMaxGroup * sizeof(float);
-  static constexpr size_t kW = kL + kMaxGroup * sizeof(float);
-  static constexpr size_t kEnd = kW + static_cast<size_t>(kMaxGroup) * kDecodeMaxSplits * sizeof(float);
-  static_assert(kEnd <= kStages * 2 * kRound * pitch<HD>(), "the cluster merge's partials fit in the stages");
-};
+constexpr size_t inbox_offset() {
+  return (decode_smem_bytes<HD>() + 15) / 16 * 16;
+}
 
-// The cluster's merge, run by every block of it: after a barrier (every split's partial is in
-// its shared memory), warp h takes head h's (m, l) of every split (one per lane) and leaves each
-// split's weight exp2(m_s - M) / L, as the last-arriver merge does; then block `rank` writes
-// output elements [rank * per, (rank + 1) * per) of the group's heads. A second barrier keeps
-// every block's partial alive until the others have read it.
+// The cluster's merge, run by every block of it once every split has pushed its partial into
+// the inbox of the block that owns each output and the cluster barrier has passed: warp h takes
+// head h's (m, l) of every split (one per lane) and leaves each split's weight exp2(m_s - M) / L,
+// as the last-arriver merge does; then block `rank` writes output elements [rank * per,
+// (rank + 1) * per) of the group's heads from its inbox (the same arithmetic as the
+// last-arriver merge: the same bits for the same number of splits). Nothing reads another
+// block's shared memory, so no barrier is needed after it.
 template <int HD>
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, int seq, int kvh, int group, int rank,
-                                              int active, int warp, int lane) {
-  using CS = ClusterSmem<HD>;
-  const float* o_part = reinterpret_cast<const float*>(smem + CS::kO);
-  const float* m_part = reinterpret_cast<const float*>(smem + CS::kM);
-  const float* l_part = reinterpret_cast<const float*>(smem + CS::kL);
-  float* wsplit = reinterpret_cast<float*>(smem + CS::kW);  // [head][kDecodeMaxSplits]
-  cluster_barrier();
-  for (int h = warp; h < group; h += kWarps) {
-    const float m = lane < active ? *cluster_peer(m_part + h, static_cast<unsigned>(lane)) : -INFINITY;
-    const float l = lane < active ? *cluster_peer(l_part + h, static_cast<unsigned>(lane)) : 0.0f;
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, int seq, int kvh,
+                                              int group, int rank, int active, int warp, int lane) {
+  static_assert(kMaxGroup * kDecodeMaxSplits * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
+                "the split weights fit in the stages");
+  const int per = merge_per(group, HD, p.splits);
+  const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
+  if (i0 >= i1) return;  // no outputs here
+  const float* in_ml = inbox + p.splits * per;
+  float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits], over the idle stages
+  // Only the heads of this block's outputs have their (m, l) here.
+  for (int h = i0 / HD + warp; h <= (i1 - 1) / HD; h += kWarps) {
+    const float m = lane < active ? in_ml[(lane * group + h) * 2] : -INFINITY;
+    const float l = lane < active ? in_ml[(lane * group + h) * 2 + 1] : 0.0f;
     const float mm = warp_max(m);
     const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
     const float total = warp_sum(l * w);
     wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
   }
   __syncthreads();
-  const int n = group * HD, per = (n + p.splits - 1) / p.splits;
+  stamp(p, 10);
   const int row = p.query_start[seq];
-  for (int i = rank * per + static_cast<int>(threadIdx.x); i < min(n, (rank + 1) * per); i += kThreads) {
+  for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float acc = 0.0f;
-    for (int sp = 0; sp < active; ++sp)
-      acc += *cluster_peer(o_part + h * HD + d, static_cast<unsigned>(sp)) * wsplit[h * kDecodeMaxSplits + sp];
+    for (int sp = 0; sp < active; ++sp) acc += inbox[sp * per + (i - i0)] * wsplit[h * kDecodeMaxSplits + sp];
     p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
-  cluster_barrier();
+  stamp(p, 11);
 }
 
 // kCluster: the splits of one (sequence, kv head) are one cluster of p.splits consecutive
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
+// Each block arrives at a first cluster barrier on entry and waits on it just before its first
+// remote store (the guarantee that every block of the cluster has started); the second one, after
+// the pushes, is the merge's.
 template <int HD, bool kFp8, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
@@ -353,10 +391,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
-  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ bool s_last;
+  // The warps' running max and sum per head once their keys are done, over each warp's own P
+  // buffer (idle by then): shared memory stays within three blocks per multiprocessor with the
+  // cluster merge's inbox.
+  float* sml = reinterpret_cast<float*>(ps);
+  constexpr int kPwFloats = kMaxGroup * 24 / 2;
+  auto s_m = [sml](int w, int h) -> float& { return sml[w * kPwFloats + h]; };
+  auto s_l = [sml](int w, int h) -> float& { return sml[w * kPwFloats + kMaxGroup + h]; };
 
+  if constexpr (kCluster) cluster_arrive_relaxed();
   stamp(p, 0);
+  stamp_unit(p, kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x));
   if (p.debug_exit == 4) {
     grid_dep_wait();
     grid_dep_launch();
@@ -383,8 +429,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     grid_dep_wait();
     grid_dep_launch();
     if (p.debug_exit != 0) return;
-    if constexpr (kCluster)
-      cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
+    if constexpr (kCluster) {
+      cluster_wait();
+      cluster_barrier();  // the active splits have pushed their partials
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), seq, kvh, group, split,
+                        active_splits(ctx, len, p.splits), warp, lane);
+    }
     return;
   }
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
@@ -411,9 +461,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int row = p.query_start[seq];
   __shared__ PrepLane<HD> s_prep[32];
   PrepLane<HD> prep;
-  if (p.fused && warp == kWarps - 1) {
-    prepare_inputs<HD>(p, row, prep);
-    s_prep[lane] = prep;
+  PrepNorm<HD> norms;
+  if (p.fused) {
+    prepare_norms<HD>(p, norms);
+    if (warp == kWarps - 1) {
+      prepare_inputs<HD>(p, row, prep);
+      s_prep[lane] = prep;
+    }
   }
   grid_dep_wait();
   if (p.trigger == 0) grid_dep_launch();
@@ -432,7 +486,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.fused) {
       // Tasks: q heads 0..group-1 (into qs), then the newest key's k and v (cache + nbuf).
       for (int task = warp; task < group + (own_newest ? 2 : 0); task += kWarps)
-        prepare_head<HD>(p, qkv_row, prep, kvh, group, task, qs, nbuf);
+        prepare_head<HD>(p, qkv_row, prep, norms, kvh, group, task, qs, nbuf);
     } else {
       const bf16* q = qkv_row + static_cast<int64_t>(kvh) * group * HD;
       for (int c = threadIdx.x; c < kMaxGroup * (HD / 8); c += kThreads) {
@@ -565,18 +619,19 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (g == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      s_m[warp][2 * t + h] = m_run[h];
-      s_l[warp][2 * t + h] = l_run[h];
+      s_m(warp, 2 * t + h) = m_run[h];
+      s_l(warp, 2 * t + h) = l_run[h];
     }
   }
   __syncthreads();
+  stamp(p, 8);
   float* red = reinterpret_cast<float*>(smem);  // [warp][head][HD], over the (now idle) stages
   float f[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mm = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m[w][2 * t + h]);
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, 2 * t + h));
     f[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - mm);
   }
 #pragma unroll
@@ -588,27 +643,26 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   __syncthreads();
+  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
+  const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
+  if constexpr (kCluster) cluster_wait();  // every block of the cluster has started
   for (int i = threadIdx.x; i < group * HD; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float mm = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m[w][h]);
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, h));
     float acc = 0.0f, l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       acc += red[(w * kMaxGroup + h) * HD + d];
-      if (s_m[w][h] != -INFINITY) l += s_l[w][h] * exp2f(s_m[w][h] - mm);
+      if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
     }
     const int head = kvh * group + h;
     if (p.splits == 1) {
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
     } else if constexpr (kCluster) {
-      using CS = ClusterSmem<HD>;
-      reinterpret_cast<float*>(smem + CS::kO)[h * HD + d] = acc;
-      if (d == 0) {
-        reinterpret_cast<float*>(smem + CS::kM)[h] = mm;
-        reinterpret_cast<float*>(smem + CS::kL)[h] = l;
-      }
+      const int dst = i / per;  // into the inbox of the block that writes output i
+      *cluster_peer(inbox + split * per + (i - dst * per), static_cast<unsigned>(dst)) = acc;
     } else {
       float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
       part[d] = acc;
@@ -618,11 +672,30 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
   }
+  if constexpr (kCluster) {
+    // (m, l) of head h to every block that writes some of head h's outputs, one thread each.
+    for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
+      const int h = i / p.splits, r = i % p.splits;
+      if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
+      float mm = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, h));
+      float l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
+      float* ml = cluster_peer(inbox + p.splits * per + (split * group + h) * 2, static_cast<unsigned>(r));
+      ml[0] = mm;
+      ml[1] = l;
+    }
+  }
   stamp(p, 6);
   if (p.trigger == 2) grid_dep_launch();
   if (p.splits == 1) return;
   if constexpr (kCluster) {
-    cluster_merge<HD>(p, smem, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
+    cluster_barrier();  // every active split's partial is in the inboxes
+    stamp(p, 9);
+    cluster_merge<HD>(p, smem, inbox, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     stamp(p, 7);
     return;
   }
@@ -678,7 +751,7 @@ void configure_one() {
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(decode_smem_bytes<HD>())));
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(decode_smem_bytes<HD>())));
+                                      static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes)));
 }
 
 }  // namespace
@@ -706,7 +779,7 @@ int configure_decode_attention(bool clusters) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(16);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = decode_smem_bytes<128>();
+    cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 16;
@@ -791,10 +864,12 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
   const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
+  const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
+                       inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
   if (cluster)
     launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8),
-                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem, p);
+                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox, p);
   else
     launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8), dim3(units, static_cast<unsigned>(splits)),
            dim3(kThreads), smem, p);

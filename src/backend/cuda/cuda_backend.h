@@ -214,7 +214,8 @@ CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless
 // CudaBackendOptions::decode_attention_trace): [layer][block][kDecodeTraceStamps] %globaltimer
 // ns, 0 where a block did not reach a stage; kDecodeTraceLayers x kDecodeSplitBlocks blocks.
-inline constexpr int kDecodeTraceStamps = 8;
+inline constexpr int kDecodeTraceStamps = 13;
+inline constexpr int kDecodeTraceUnit = 12;  // the slot holding the block's unit + 1, not a time
 inline constexpr int kDecodeTraceLayers = 64;
 std::vector<uint64_t> cuda_decode_attention_trace(Backend& backend);
 

@@ -113,7 +113,30 @@ __device__ __forceinline__ void cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
 #endif
 }
+// The two halves of a cluster barrier, for a barrier whose arrival and wait are apart: every
+// thread of the cluster arrives (relaxed: no ordering of its memory accesses), and each thread
+// then waits before it relies on the others' arrival (e.g. on their having started, before it
+// first touches their shared memory).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#endif
+}
 // The generic address of the same shared-memory location in block `rank` of this cluster.
+__device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<float*>(out);
+#else
+  return p;
+#endif
+}
 __device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint64_t out;
