@@ -89,7 +89,7 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
   constexpr int kTimes = kDecodeTraceUnit;  // the stamps that are times
   const char* names[kTimes] = {"entry",           "keys_issued", "wait_passed",        "prepared",
                                "keys_landed",     "keys_done",   "partial_written",    "merged",
-                               "warps_ml_shared", "cluster_barrier_1", "split_weights", "outputs_written"};
+                               "warps_ml_shared", "inbox_complete", "split_weights", "outputs_written"};
   std::vector<std::vector<double>> rel(kTimes), last(kTimes);
   std::vector<double> span, gap, first_in_to_wait;
   // Per (layer, unit) of the blocks that hold keys: the latest of each stage over the unit's
@@ -123,7 +123,7 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
     for (int s = 0; s < kTimes; ++s)
       if (latest[s]) last[s].push_back((static_cast<double>(latest[s]) - static_cast<double>(first_wait)) / 1e3);
     for (const auto& [unit, e] : unit_entry) entry_spread.push_back(static_cast<double>(e.second - e.first) / 1e3);
-    // The merge's steps after the unit's slowest partial: partial -> first cluster barrier ->
+    // The merge's steps after the unit's slowest partial: partial -> inbox complete ->
     // outputs written -> exit (every block's latest), and the same for the unit that ends last.
     const int seq[5] = {6, 9, 11, 7, 7};
     uint64_t last_exit = 0;
@@ -156,7 +156,7 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
       nlohmann::json::object();  // per layer, the last block to reach the stage, from the first wait
   for (int s = 0; s < kTimes; ++s) slowest[names[s]] = median(last[s]);
   j["stage_us_last_block_from_first_wait_median"] = slowest;
-  const char* gap_names[4] = {"slowest_partial_to_barrier_1", "barrier_1_to_last_outputs", "last_outputs_to_last_exit",
+  const char* gap_names[4] = {"slowest_partial_to_last_inbox", "last_inbox_to_last_outputs", "last_outputs_to_last_exit",
                               "last_wait_to_slowest_partial"};
   nlohmann::json units = nlohmann::json::object(), last_units = nlohmann::json::object();
   for (int i = 0; i < 4; ++i) {

@@ -15,10 +15,11 @@
 // arrive merges the splits (an arrival counter: no second kernel). On sm_90 the splits of a
 // (sequence, kv head) can instead be one thread-block cluster (kCluster): each block stores its
 // partial straight into the shared memory of the blocks that write its outputs (each owns a
-// slice of the group's outputs; remote stores, which need no round trip), and after one cluster
-// barrier each block merges its slice from its own shared memory, with the same arithmetic as
-// the last-arriver merge (the same bits for the same number of splits; a cluster holds at most
-// 16) but no fence, atomic, L2 or remote read.
+// slice of the group's outputs; asynchronous remote stores that count their bytes on the
+// receiver's mbarrier), and each block merges its slice from its own shared memory as soon as
+// its bytes are in, with the same arithmetic as the last-arriver merge (the same bits for the
+// same number of splits; a cluster holds at most 16) but no fence, atomic, L2 or remote read,
+// and no barrier of the whole cluster.
 //
 // The newest key of a sequence (context_len - 1, this step's row) never goes through the stages:
 // its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
@@ -81,7 +82,7 @@ struct DecodeParams {
 
 // Stages: 0 entry, 1 first key round issued, 2 PDL wait passed, 3 q/k prepared, 4 first key round
 // landed, 5 keys done, 6 partial written, 7 exit (after the merge); in the merges: 8 the warps'
-// (m, l) shared, 9 the cluster's first barrier passed, 10 the split weights computed, 11 the
+// (m, l) shared, 9 the block's inbox complete, 10 the split weights computed, 11 the
 // block's outputs written. Slot kDecodeTraceUnit holds the block's (sequence, kv head) unit + 1.
 __device__ __forceinline__ unsigned long long* trace_slot(const DecodeParams& p) {
   if (p.trace == nullptr || threadIdx.x != 0) return nullptr;
@@ -129,6 +130,50 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+// The cluster merge's transport (sm_90): 4-byte stores into a peer block's shared memory that
+// count their bytes on an mbarrier there (st.async), so the receiver waits on its own barrier
+// for exactly what it expects instead of the whole cluster meeting at a barrier.
+__device__ __forceinline__ uint32_t peer_u32(uint32_t local, unsigned rank) {
+  uint32_t out = local;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(local), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t remote_bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void inbox_bar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+#endif
+}
+// One arrival (the barrier's only one) that also expects `bytes` of st.async, then every
+// thread waits for the phase (acquire at cluster scope: the peers' stores are visible after it).
+__device__ __forceinline__ void inbox_bar_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void inbox_bar_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n\t.reg .pred p;\n"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n\t"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+      : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -339,21 +384,26 @@ constexpr size_t inbox_offset() {
   return (decode_smem_bytes<HD>() + 15) / 16 * 16;
 }
 
-// The cluster's merge, run by every block of it once every split has pushed its partial into
-// the inbox of the block that owns each output and the cluster barrier has passed: warp h takes
+// The cluster's merge, run by every block of it: it waits until every active split's share of
+// its outputs has landed in its inbox (bytes counted on its mbarrier), then warp h takes
 // head h's (m, l) of every split (one per lane) and leaves each split's weight exp2(m_s - M) / L,
 // as the last-arriver merge does; then block `rank` writes output elements [rank * per,
 // (rank + 1) * per) of the group's heads from its inbox (the same arithmetic as the
 // last-arriver merge: the same bits for the same number of splits). Nothing reads another
-// block's shared memory, so no barrier is needed after it.
+// block's shared memory and no block waits for the whole cluster.
 template <int HD>
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, int seq, int kvh,
-                                              int group, int rank, int active, int warp, int lane) {
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
+                                              int seq, int kvh, int group, int rank, int active, int warp, int lane) {
   static_assert(kMaxGroup * kDecodeMaxSplits * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
                 "the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
-  if (i0 >= i1) return;  // no outputs here
+  if (i0 >= i1) return;  // no outputs here, nothing sent here
+  // What the active splits send here: their slice of O and (m, l) of the slice's heads.
+  const int heads = (i1 - 1) / HD - i0 / HD + 1;
+  if (threadIdx.x == 0) inbox_bar_expect(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
+  inbox_bar_wait(bar);
+  stamp(p, 9);
   const float* in_ml = inbox + p.splits * per;
   float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits], over the idle stages
   // Only the heads of this block's outputs have their (m, l) here.
@@ -379,9 +429,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 
 // kCluster: the splits of one (sequence, kv head) are one cluster of p.splits consecutive
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
-// Each block arrives at a first cluster barrier on entry and waits on it just before its first
-// remote store (the guarantee that every block of the cluster has started); the second one, after
-// the pushes, is the merge's.
+// Each block arrives at a cluster barrier on entry and waits on it just before its first remote
+// store: every block of the cluster has then started and initialised its inbox's mbarrier.
 template <int HD, bool kFp8, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
@@ -392,6 +441,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
   __shared__ bool s_last;
+  __shared__ uint64_t s_inbox_bar;  // kCluster: counts the bytes the peers push into the inbox
   // The warps' running max and sum per head once their keys are done, over each warp's own P
   // buffer (idle by then): shared memory stays within three blocks per multiprocessor with the
   // cluster merge's inbox.
@@ -400,7 +450,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   auto s_m = [sml](int w, int h) -> float& { return sml[w * kPwFloats + h]; };
   auto s_l = [sml](int w, int h) -> float& { return sml[w * kPwFloats + kMaxGroup + h]; };
 
-  if constexpr (kCluster) cluster_arrive_relaxed();
+  if constexpr (kCluster) {
+    // The inbox barrier is initialised before this block's first cluster arrival; a block waits
+    // on that barrier phase before its first push, so every peer's barrier is ready by then.
+    if (threadIdx.x == 0) inbox_bar_init(&s_inbox_bar);
+    cluster_arrive_relaxed();
+  }
   stamp(p, 0);
   stamp_unit(p, kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x));
   if (p.debug_exit == 4) {
@@ -431,9 +486,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.debug_exit != 0) return;
     if constexpr (kCluster) {
       cluster_wait();
-      cluster_barrier();  // the active splits have pushed their partials
-      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), seq, kvh, group, split,
-                        active_splits(ctx, len, p.splits), warp, lane);
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar, seq, kvh,
+                        group, split, active_splits(ctx, len, p.splits), warp, lane);
     }
     return;
   }
@@ -662,7 +716,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
     } else if constexpr (kCluster) {
       const int dst = i / per;  // into the inbox of the block that writes output i
-      *cluster_peer(inbox + split * per + (i - dst * per), static_cast<unsigned>(dst)) = acc;
+      st_async_f32(peer_u32(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
+                   peer_u32(smem_u32(&s_inbox_bar), dst));
     } else {
       float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
       part[d] = acc;
@@ -684,18 +739,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
       for (int w = 0; w < kWarps; ++w)
         if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
-      float* ml = cluster_peer(inbox + p.splits * per + (split * group + h) * 2, static_cast<unsigned>(r));
-      ml[0] = mm;
-      ml[1] = l;
+      const uint32_t ml = peer_u32(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
+      const uint32_t bar = peer_u32(smem_u32(&s_inbox_bar), r);
+      st_async_f32(ml, mm, bar);
+      st_async_f32(ml + 4, l, bar);
     }
   }
   stamp(p, 6);
   if (p.trigger == 2) grid_dep_launch();
   if (p.splits == 1) return;
   if constexpr (kCluster) {
-    cluster_barrier();  // every active split's partial is in the inboxes
-    stamp(p, 9);
-    cluster_merge<HD>(p, smem, inbox, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
+    cluster_merge<HD>(p, smem, inbox, &s_inbox_bar, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp,
+                      lane);
     stamp(p, 7);
     return;
   }
