@@ -602,8 +602,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::Range(0, 7));
   app.add_option("--decode-attention-trigger", o->decode_attention_trigger,
                  "CUDA A/B: when a decode attention block lets the next kernel launch: 0 after its PDL wait, "
-                 "1 once its keys are done, 2 once its partial is written")
-      ->check(CLI::Range(-1, 2));
+                 "1 once its keys are done, 2 once its partial is written, 3 when it exits (default: chosen "
+                 "per launch, CudaBackendOptions::decode_attention_trigger)")
+      ->check(CLI::Range(-1, 3));
   app.add_flag("--decode-attention-trace", o->decode_attention_trace,
                "CUDA measurement: %globaltimer stamps of the decode attention's stages at batch 1 "
                "(JSON decode_attention_trace)");

@@ -31,8 +31,9 @@
 // Programmatic dependent launch: the keys before the newest one were written to the cache by
 // kernels that finished before the previous kernel passed its own grid_dep_wait, so they are
 // fetched before this kernel's grid_dep_wait; the newest key and q are read after it. A block lets
-// the next kernel launch once its keys are done, not right after its wait (by default: o_proj's
-// weight loads would otherwise queue ahead of the remaining key rounds; decode_attention_trigger).
+// the next kernel launch once its keys are done or when it exits, never right after its wait
+// (o_proj's weight loads would queue ahead of the remaining key rounds); which of the two, the
+// backend chooses per launch (CudaBackendOptions::decode_attention_trigger).
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/cuda_backend.h"
 
@@ -76,7 +77,8 @@ struct DecodeParams {
   unsigned long long* trace;
   int layer;
   // When the block lets the next kernel launch (CudaBackendOptions::decode_attention_trigger):
-  // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written.
+  // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written, 3 when
+  // it exits.
   int trigger;
 };
 

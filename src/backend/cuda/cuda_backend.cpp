@@ -57,7 +57,10 @@ Status CudaBackend::init() {
     QVL_CUDA_OK(cudaMemset(decode_trace_.data(), 0, bytes));
     ctx_.decode_trace = static_cast<unsigned long long*>(decode_trace_.data());
   }
-  ctx_.decode_attention_trigger = options_.decode_attention_trigger;
+  // About 2.8 us of the device's peak DRAM bandwidth (H100 SXM: 9.4 MB), where the measured
+  // crossover lies (see CudaBackendOptions::decode_attention_trigger).
+  const double peak_bw = 2.0 * info_.memory_clock_khz * 1e3 * info_.memory_bus_bits / 8.0;
+  early_launch_bytes_ = (peak_bw > 0 ? peak_bw : 3.35e12) * 2.8e-6;
   skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
   if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {
     log_warn("CUDA backend: kernels left out or cut short for a measurement; every result is wrong");
@@ -300,17 +303,11 @@ void CudaBackend::text_attention(Tensor out, const Tensor& qkv, const TextBatch&
   }
   flush();
   if (batch.num_tokens == 0) return;
-  if (ctx_.profiler)
-    note(std::string(batch.num_tokens == batch.num_seqs
-                         ? (fuse ? "text_qkv_prepare+attention decode" : "text_attention decode")
-                         : "text_attention prefill") +
-         " seqs " + std::to_string(batch.num_seqs) + " rows " + std::to_string(batch.num_tokens) + " max_context " +
-         std::to_string(batch.max_context));
+  if (ctx_.profiler && batch.num_tokens != batch.num_seqs)
+    note("text_attention prefill seqs " + std::to_string(batch.num_seqs) + " rows " +
+         std::to_string(batch.num_tokens) + " max_context " + std::to_string(batch.max_context));
   if (batch.num_tokens == batch.num_seqs) {
-    cuda::launch_text_decode_attention(
-        ctx_, out, qkv, batch, cache, layer, shape, scale, static_cast<float*>(decode_scratch_.data()),
-        decode_scratch_.size() - kArgmaxScratchBytes - kDecodeSplitBlocks * sizeof(uint32_t), decode_counters(),
-        fuse ? &fused : nullptr);
+    attn_ = {true, out, qkv, batch, cache, layer, shape, scale, fuse, fused};
   } else {
     cuda::launch_text_prefill_attention(ctx_, out, qkv, batch, cache, layer, shape, scale);
   }
@@ -350,7 +347,32 @@ bool CudaBackend::decoder_stack(Tensor x, const DecoderStack& stack, const TextB
   return cuda::launch_decode_stack(ctx_, a);
 }
 
+void CudaBackend::launch_decode_attention(const LinearWeight* next) {
+  const PendingAttention a = attn_;
+  attn_ = {};
+  if (ctx_.profiler)
+    note(std::string(a.fused ? "text_qkv_prepare+attention decode" : "text_attention decode") + " seqs " +
+         std::to_string(a.batch.num_seqs) + " rows " + std::to_string(a.batch.num_tokens) + " max_context " +
+         std::to_string(a.batch.max_context));
+  LaunchContext c = ctx_;
+  if (options_.decode_attention_trigger >= 0) {
+    c.decode_attention_trigger = options_.decode_attention_trigger;
+  } else if (a.batch.num_seqs > 1) {
+    c.decode_attention_trigger = 3;
+  } else {
+    double bytes = 0;
+    if (next)
+      for (const LinearPart& part : next->parts) bytes += part.weight.nbytes() + part.scale_inv.nbytes();
+    c.decode_attention_trigger = next == nullptr || bytes > early_launch_bytes_ ? 1 : 3;
+  }
+  cuda::launch_text_decode_attention(c, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale,
+                                     static_cast<float*>(decode_scratch_.data()),
+                                     decode_scratch_.size() - kArgmaxScratchBytes - kDecodeSplitBlocks * sizeof(uint32_t),
+                                     decode_counters(), a.fused ? &a.prepare : nullptr);
+}
+
 void CudaBackend::flush() {
+  if (attn_.active) launch_decode_attention(nullptr);
   if (prep_.active) {
     PendingPrepare q = prep_;
     prep_ = {};

@@ -159,6 +159,21 @@ class CudaBackend final : public Backend {
     int layer = 0;
     TextAttentionShape shape;
   };
+  // A decode attention deferred to the next op, so that it knows what follows it: the Linear
+  // that reads its output (o_proj) decides when the attention lets it launch (launch_decode_
+  // attention); any other op launches it as is first (flush).
+  struct PendingAttention {
+    bool active = false;
+    Tensor out, qkv;
+    TextBatch batch;
+    KvCacheView cache;
+    int layer = 0;
+    TextAttentionShape shape;
+    float scale = 0;
+    bool fused = false;
+    cuda::FusedPrepare prepare;
+  };
+  void launch_decode_attention(const LinearWeight* next);
   static bool same_batch(const TextBatch& a, const TextBatch& b) {
     return a.num_seqs == b.num_seqs && a.num_tokens == b.num_tokens && a.max_pages_per_seq == b.max_pages_per_seq &&
            a.query_start.data == b.query_start.data && a.context_len.data == b.context_len.data &&
@@ -197,6 +212,11 @@ class CudaBackend final : public Backend {
   WeightPlacement* placement_ = nullptr;
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
+  PendingAttention attn_;
+  // Weight bytes of the Linear after a one-sequence decode attention above which the attention
+  // lets it launch once its keys are done (its weights stream during the attention's merge);
+  // below, at the attention's exit (CudaBackendOptions::decode_attention_trigger).
+  double early_launch_bytes_ = 0;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;

@@ -166,6 +166,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 
 // ---- Linear ----
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
+  if (attn_.active) launch_decode_attention(x.data == attn_.out.data ? &w : nullptr);
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
     const bool fp8 = w.is_fp8();
