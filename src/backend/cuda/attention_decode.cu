@@ -76,6 +76,16 @@ struct DecodeParams {
   // %globaltimer at trace[((layer * kDecodeSplitBlocks) + block) * kDecodeTraceStamps + stage].
   unsigned long long* trace;
   int layer;
+  // The per-step table (step_mode 1: this launch writes it, layer 0; 2: reads it, the later
+  // layers of the same step; 0: unused). Per sequence [head_dim + 2]: the row's slot, then the
+  // rotary cos and sin of its head-dim pairs (what prepare_inputs computes); per (sequence,
+  // split) [kDecodeStepKeyInts]: the context length, then the pages of the split's first key
+  // round from its first key's page on. The later layers read them with one load before their PDL
+  // wait instead of chains of dependent loads (context length -> page table; query start ->
+  // slot, position -> sin/cos), which blocks that become resident late run on the critical path.
+  int32_t* step_prep;
+  int32_t* step_keys;
+  int step_mode;
   // When the block lets the next kernel launch (CudaBackendOptions::decode_attention_trigger):
   // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written, 3 when
   // it exits.
@@ -221,7 +231,11 @@ __device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
 // (synchronously).
 template <int HD, bool kFp8>
 __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                           int rows, int newest, int tid, int nthreads) {
+                                           int rows, int newest, int tid, int nthreads,
+                                           const int32_t* pages = nullptr) {
+  // pages (shared memory): the pages from key k0's page on, in place of the page table.
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
   constexpr int CPR = HD / 8;  // 8-element chunks per row
   for (int c = tid; c < 2 * rows * CPR; c += nthreads) {
     const int rr = c / CPR, chunk = c % CPR;
@@ -231,7 +245,7 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
     if (j == newest) continue;  // read from the newest-key buffer instead
     int off;
     const int pi = page_index(p.cache, j, off);
-    const char* src = cache_row(p.cache, pt[pi], off, kvh, HD, v);
+    const char* src = cache_row(p.cache, pages ? pages[pi - pi0] : pt[pi], off, kvh, HD, v);
     char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
     if constexpr (kFp8)
       *reinterpret_cast<uint4*>(dst) = load_kv_chunk<true>(src, chunk);
@@ -471,9 +485,26 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int group = p.hq / p.hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int ctx = p.context_len[seq];
+  // The step table's entry of this (sequence, split); read: its pages go to shared memory over
+  // the P buffer (idle until the first key round is issued).
+  int32_t* desc = p.step_mode != 0 ? p.step_keys + (static_cast<int64_t>(seq) * p.splits + split) * kDecodeStepKeyInts
+                                   : nullptr;
+  int32_t* s_desc = reinterpret_cast<int32_t*>(ps);
+  if (p.step_mode == 2 && threadIdx.x < kDecodeStepKeyInts / 4)
+    reinterpret_cast<int4*>(s_desc)[threadIdx.x] = __ldcg(reinterpret_cast<const int4*>(desc) + threadIdx.x);
+  const int ctx = p.step_mode == 2 ? __ldcg(desc) : p.context_len[seq];
   const int len = split_len(ctx, p.splits);
   const int k_begin = split * len, k_end = min(ctx, k_begin + len);
+  const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
+  if (p.step_mode == 1 && kvh == 0) {  // this step's entry, for the later layers
+    if (threadIdx.x == 0) desc[0] = ctx;
+    if (k_begin < k_end) {
+      int off;
+      const int pi0 = page_index(p.cache, k_begin, off);
+      const int pi1 = page_index(p.cache, k_begin + min(kRound, k_end - k_begin) - 1, off);
+      for (int q = threadIdx.x; q <= pi1 - pi0; q += kThreads) desc[1 + q] = pt[pi0 + q];
+    }
+  }
   if (p.debug_exit == 5) {
     grid_dep_wait();
     grid_dep_launch();
@@ -493,7 +524,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     return;
   }
-  const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
   const int nrounds = (k_end - k_begin + kRound - 1) / kRound;
 
   // Round 0 without the newest key (ctx - 1), before the wait; then q and the newest key.
@@ -504,8 +534,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // first keys: both chains are dependent loads, and a block that becomes resident late (as the
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
-  if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers)
-    load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers);
+  if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) {
+    if (p.step_mode == 2) {  // the pages are in shared memory once the issuers meet
+      asm volatile("bar.sync 1, %0;" ::"r"(issuers) : "memory");
+      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers, s_desc + 1);
+    } else {
+      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers);
+    }
+  }
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
   if (p.debug_exit == 6) {
@@ -521,7 +557,29 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (p.fused) {
     prepare_norms<HD>(p, norms);
     if (warp == kWarps - 1) {
-      prepare_inputs<HD>(p, row, prep);
+      int32_t* entry = p.step_mode != 0 ? p.step_prep + static_cast<int64_t>(seq) * (HD + 2) : nullptr;
+      if (p.step_mode == 2) {
+        prep.slot = __ldcg(entry);
+#pragma unroll
+        for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
+          const int j = min(lane + 32 * i, HD / 2 - 1);
+          prep.cs[i] = __int_as_float(__ldcg(entry + 1 + j));
+          prep.sn[i] = __int_as_float(__ldcg(entry + 1 + HD / 2 + j));
+        }
+      } else {
+        prepare_inputs<HD>(p, row, prep);
+        if (p.step_mode == 1 && kvh == 0 && split == 0) {  // this step's entry, for the later layers
+          if (lane == 0) entry[0] = prep.slot;
+#pragma unroll
+          for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
+            const int j = lane + 32 * i;
+            if (j < HD / 2) {
+              entry[1 + j] = __float_as_int(prep.cs[i]);
+              entry[1 + HD / 2 + j] = __float_as_int(prep.sn[i]);
+            }
+          }
+        }
+      }
       s_prep[lane] = prep;
     }
   }
@@ -854,10 +912,10 @@ int configure_decode_attention(bool clusters) {
   return largest;
 }
 
-void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
-                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
-                                  float* partial, size_t partial_bytes, uint32_t* counters,
-                                  const FusedPrepare* prepare) {
+int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
+                                 const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
+                                 float* partial, size_t partial_bytes, uint32_t* counters, const FusedPrepare* prepare,
+                                 const DecodeStepTable* step) {
   check_batch(batch);
   QVL_CHECK_EQ(batch.num_tokens, batch.num_seqs) << "decode attention takes one row per sequence";
   QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
@@ -868,7 +926,7 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   QVL_CHECK(decode_attention_fusable(shape) || prepare == nullptr) << "fused prepare for head_dim " << hd;
   if (!decode_attention_fusable(shape)) {
     launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
-    return;
+    return 0;
   }
   const int split_blocks = ctx.decode_split_blocks > 0 ? ctx.decode_split_blocks : kDecodeSplitBlocks;
   int splits = split_blocks / std::max(1, batch.num_seqs * shape.num_kv_heads);
@@ -917,6 +975,14 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
     p.positions = batch.positions.as<int32_t>();
     p.slots = batch.slots.as<int32_t>();
     p.rope = prepare->rope;
+    // The step table holds every (sequence, split) and a first key round's pages (page size >= 3).
+    if (step && step->mode != 0 && batch.num_seqs <= kDecodeSplitBlocks &&
+        batch.num_seqs * splits <= kDecodeSplitBlocks && hd <= step->max_head_dim &&
+        (kRound + cache.page_size - 1) / cache.page_size + 1 <= kDecodeStepKeyInts - 1) {
+      p.step_mode = step->mode;
+      p.step_prep = step->prep;
+      p.step_keys = step->keys;
+    }
   }
   const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
@@ -930,6 +996,7 @@ void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Te
   else
     launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8), dim3(units, static_cast<unsigned>(splits)),
            dim3(kThreads), smem, p);
+  return p.step_mode;
 }
 
 }  // namespace qvl::cuda

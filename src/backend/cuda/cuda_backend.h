@@ -147,6 +147,12 @@ struct CudaBackendOptions {
 // 38 us with 1024, and the same 74 us at 32.
 inline constexpr int kDecodeMaxSplits = 32;
 inline constexpr int kDecodeSplitBlocks = 256;
+// Ints per (sequence, split) entry of the decode attention's per-step table: the context
+// length and up to 23 pages of the split's first key round (attention_decode.cu).
+inline constexpr int kDecodeStepKeyInts = 24;
+inline size_t cuda_decode_step_table_bytes(const CudaBackendOptions& o) {
+  return static_cast<size_t>(kDecodeSplitBlocks) * (o.max_head_dim + 2 + kDecodeStepKeyInts) * sizeof(int32_t);
+}
 
 // Greedy sampling on the device (Backend::argmax_rows) keeps a 64-bit key and an arrival
 // counter per row, zero between launches, for up to kArgmaxMaxRows rows per launch (more rows
@@ -159,10 +165,10 @@ inline constexpr size_t kArgmaxRowScratchBytes = sizeof(uint64_t) + sizeof(uint3
 inline size_t cuda_decode_scratch_bytes(const CudaBackendOptions& o) {
   // per (seq, q head, split): head_dim fp32 partial outputs + running max + sum
   size_t per = static_cast<size_t>(o.max_head_dim + 2) * sizeof(float);
-  // + the argmax keys and counters, + one arrival counter per (sequence, kv head) of a split
-  // decode (the last split merges)
-  return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + kArgmaxMaxRows * kArgmaxRowScratchBytes +
-         kDecodeSplitBlocks * sizeof(uint32_t);
+  // + the per-step table, + the argmax keys and counters, + one arrival counter per (sequence,
+  // kv head) of a split decode (the last split merges)
+  return per * static_cast<size_t>(kDecodeSplitBlocks) * o.max_gqa_group + cuda_decode_step_table_bytes(o) +
+         kArgmaxMaxRows * kArgmaxRowScratchBytes + kDecodeSplitBlocks * sizeof(uint32_t);
 }
 // The W8A8 scratch exists only when fp8_gemm asks for W8A8 and cuBLASLt has 128-element
 // block-scaled FP8 there (compute capability 9.x, its documented support); the memory plan

@@ -116,8 +116,20 @@ class CudaBackend final : public Backend {
   std::vector<CudaKernelTime> profile_stop();
 
  private:
-  // The decode scratch: split partials, then the argmax keys and counters, then the split
-  // decode's arrival counters.
+  // The decode scratch: split partials, then the decode attention's per-step table, then the
+  // argmax keys and counters, then the split decode's arrival counters.
+  size_t decode_partial_bytes() const {
+    return static_cast<size_t>(options_.max_head_dim + 2) * sizeof(float) * kDecodeSplitBlocks *
+           options_.max_gqa_group;
+  }
+  cuda::DecodeStepTable decode_step_table(int mode) const {
+    cuda::DecodeStepTable t;
+    t.prep = reinterpret_cast<int32_t*>(static_cast<char*>(decode_scratch_.data()) + decode_partial_bytes());
+    t.keys = t.prep + static_cast<size_t>(kDecodeSplitBlocks) * (options_.max_head_dim + 2);
+    t.max_head_dim = options_.max_head_dim;
+    t.mode = mode;
+    return t;
+  }
   static constexpr size_t kArgmaxScratchBytes = kArgmaxMaxRows * kArgmaxRowScratchBytes;
   void* argmax_scratch() const {
     return static_cast<char*>(decode_scratch_.data()) + decode_scratch_.size() - kDecodeSplitBlocks * sizeof(uint32_t) -
@@ -213,6 +225,12 @@ class CudaBackend final : public Backend {
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
   PendingAttention attn_;
+  // The decode step table was written by a layer-0 decode attention of this batch and cache, and
+  // no layer-0 launch has come since: the later layers read it (launch_decode_attention).
+  bool step_table_ready_ = false;
+  TextBatch step_batch_;
+  void* step_cache_ = nullptr;
+  TextAttentionShape step_shape_;
   // Weight bytes of the Linear after a one-sequence decode attention above which the attention
   // lets it launch once its keys are done (its weights stream during the attention's merge);
   // below, at the attention's exit (CudaBackendOptions::decode_attention_trigger).

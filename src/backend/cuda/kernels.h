@@ -237,9 +237,20 @@ struct FusedPrepare {
   MropeParams rope;
 };
 bool decode_attention_fusable(const TextAttentionShape& shape);
-void launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
-                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
-                                  float* partial, size_t partial_bytes, uint32_t* counters,
-                                  const FusedPrepare* prepare = nullptr);
+// The decode attention's per-step table (cuda_decode_step_table_bytes): layer 0's launch of a
+// step writes it (mode 1), the later layers' launches of the same step read it (mode 2), so that
+// their blocks gather the step's context lengths, first pages and rotary angles with one load.
+struct DecodeStepTable {
+  int32_t* prep = nullptr;  // [kDecodeSplitBlocks][max_head_dim + 2]
+  int32_t* keys = nullptr;  // [kDecodeSplitBlocks][kDecodeStepKeyInts]
+  int max_head_dim = 0;
+  int mode = 0;
+};
+// Returns the step table mode it used (0 where the table does not apply: no fused prepare,
+// too many sequences or splits, pages under 3 tokens).
+int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
+                                 const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
+                                 float* partial, size_t partial_bytes, uint32_t* counters,
+                                 const FusedPrepare* prepare = nullptr, const DecodeStepTable* step = nullptr);
 
 }  // namespace qvl::cuda
