@@ -384,9 +384,9 @@ __device__ __forceinline__ void zero_tail(char* stage, int valid) {
 }
 
 // The cluster merge's inbox, past the kernel's other shared memory: what the blocks of the
-// cluster push into this one (remote stores, no round trip) before their common barrier:
-// [splits][per] floats of O (the slice of every split's partial whose outputs this block writes,
-// per = merge_per), then [splits][group][m, l]. Sized per launch (inbox_bytes).
+// cluster push into this one (st.async, counted on its mbarrier): [splits][per] floats of O (the
+// slice of every split's partial whose outputs this block writes, per = merge_per), then
+// [splits][group][m, l] (only the heads of that slice are sent). Sized per launch (inbox_bytes).
 __host__ __device__ inline int merge_per(int group, int hd, int splits) {
   return (group * hd + splits - 1) / splits;
 }
@@ -465,6 +465,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   constexpr int kPwFloats = kMaxGroup * 24 / 2;
   auto s_m = [sml](int w, int h) -> float& { return sml[w * kPwFloats + h]; };
   auto s_l = [sml](int w, int h) -> float& { return sml[w * kPwFloats + kMaxGroup + h]; };
+  // Head h's running max over the warps and its sum rescaled to that max.
+  auto head_ml = [&](int h, float& mm, float& l) {
+    mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, h));
+    l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
+  };
 
   if constexpr (kCluster) {
     // The inbox barrier is initialised before this block's first cluster arrival; a block waits
@@ -762,15 +772,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if constexpr (kCluster) cluster_wait();  // every block of the cluster has started
   for (int i = threadIdx.x; i < group * HD; i += kThreads) {
     const int h = i / HD, d = i % HD;
-    float mm = -INFINITY;
+    float mm, l, acc = 0.0f;
+    head_ml(h, mm, l);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, h));
-    float acc = 0.0f, l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      acc += red[(w * kMaxGroup + h) * HD + d];
-      if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
-    }
+    for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
     const int head = kvh * group + h;
     if (p.splits == 1) {
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
@@ -792,13 +797,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
       const int h = i / p.splits, r = i % p.splits;
       if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
-      float mm = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, h));
-      float l = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        if (s_m(w, h) != -INFINITY) l += s_l(w, h) * exp2f(s_m(w, h) - mm);
+      float mm, l;
+      head_ml(h, mm, l);
       const uint32_t ml = peer_u32(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
       const uint32_t bar = peer_u32(smem_u32(&s_inbox_bar), r);
       st_async_f32(ml, mm, bar);

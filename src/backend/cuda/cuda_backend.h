@@ -103,17 +103,17 @@ struct CudaBackendOptions {
   bool decode_attention_trace = false;
   // When a decode attention block lets the next kernel (o_proj) launch and start loading its
   // weights: 0 right after its PDL wait, 1 once its keys are done, 2 once its partial is written,
-  // 3 when it exits; -1 (default): chosen per launch. o_proj's blocks issuing their weight loads
-  // beside the attention's blocks slow the attention's merge (the shared memory work queues
-  // behind the loads), while launching it later leaves its weight stream on the critical path.
-  // Measured (H100, 840 tokens of context, decode step at 3 against 1): batch 1 2B BF16 -5.2%,
-  // 2B FP8 -2.6%, 4B FP8 +2.9%, 4B BF16 +0.9%, 8B FP8 +1.8%, 8B BF16 +0.9%; batch 8 -0.6 to
-  // -4.4% for all six. So: 3 for batches, and at batch 1 unless o_proj's weights take longer
-  // than about 2.8 us to read at the device's peak bandwidth (2B's 8 and 4 MiB do not, 4B FP8's
-  // 10 MiB does), else 1.
-  // o_proj's weight loads delay the attention's key loads (3 us per key round at 3000 tokens with
-  // 0): 1 measured −0.7% / +0.2% / −0.9% per decode step for 2B / 2B FP8 / 4B FP8 at 840 tokens
-  // of context, −1.4% for 2B at 3000 (H100, bench/RESULTS.md run 8).
+  // 3 when it exits; -1 (default): 1 or 3, chosen per launch.
+  // - Not 0: o_proj's weight loads then delay the attention's key loads (3 us per key round at
+  //   3000 tokens); 1 measured -0.7% / +0.2% / -0.9% per decode step against 0 for 2B / 2B FP8 /
+  //   4B FP8 at 840 tokens of context, -1.4% for 2B at 3000 (H100, bench/RESULTS.md run 8).
+  // - 3 against 1: o_proj's blocks issuing their weight loads beside the attention's blocks slow
+  //   the attention's merge (its shared-memory work queues behind the loads), while launching
+  //   o_proj later leaves its weight stream on the critical path. Measured (H100, 840 tokens):
+  //   batch 1 2B BF16 -5.2%, 2B FP8 -2.6%, 4B FP8 +2.9%, 4B BF16 +0.9%, 8B FP8 +1.8%, 8B BF16
+  //   +0.9%; batch 8 -0.6 to -4.4% for all six (run 9).
+  // So: 3 for batches, and at batch 1 unless o_proj's weights take longer than about 2.8 us to
+  // read at the device's peak bandwidth (2B's 8 and 4 MiB do not, 4B FP8's 10 MiB does), else 1.
   int decode_attention_trigger = -1;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per

@@ -128,15 +128,6 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 // The generic address of the same shared-memory location in block `rank` of this cluster.
-__device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t out;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-  return reinterpret_cast<float*>(out);
-#else
-  return p;
-#endif
-}
 __device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint64_t out;
