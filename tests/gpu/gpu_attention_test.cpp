@@ -107,7 +107,9 @@ TEST(GpuOps, VisionAttention) {
                           expected, tol::kGpuAttention));
       // One or two m-tiles per warp: the same bits (a row's arithmetic does not depend on the warp).
       if (gpu.label.empty()) first = got;
-      if (gpu.label == " mt1 no-q-alias") EXPECT_TRUE(got == first) << "segs " << segs << ": mt1 differs from mt2";
+      if (gpu.label == " mt1 no-q-alias") {
+        EXPECT_TRUE(got == first) << "segs " << segs << ": mt1 differs from mt2";
+      }
     }
   }
 }
