@@ -6,7 +6,8 @@
 # defaults to build-dev/qvl (another one, e.g. an older commit's, compares two builds). Every run is
 # `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` plus the args;
 # the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json. Ablations go in the bench args:
-# --skip-kernels text_decode_attention, --decode-attention-exit 6 (timing only: results are wrong).
+# --skip-kernels text_decode_attention, --decode-attention-exit 6 (timing only: results are wrong);
+# with --decode-attention-trace the summary adds the trace's stage medians.
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
@@ -49,4 +50,13 @@ for spec in sys.argv[2:]:
     print(f'{label:24s} b1 step ms {" ".join(f"{x:.4f}" for x in b1)} median {statistics.median(b1):.4f} '
           f'floor {statistics.median(r[1] for r in runs):.3f} | b8 {statistics.median(r[2] for r in runs):.4f} '
           f'| ttft {statistics.median(r[3] for r in runs):.2f}')
+    # With --decode-attention-trace: the first run's stage medians (us from the PDL wait), for the
+    # median block and for each layer's last block, and the per-cluster merge gaps.
+    tr = json.load(open(sorted(glob.glob(os.path.join(out, label + '.*.json')))[0])).get('decode_attention_trace')
+    if tr:
+        for key in ('stage_us_from_wait_median', 'stage_us_last_block_from_first_wait_median',
+                    'cluster_us_median', 'last_cluster_us_median'):
+            vals = ' '.join(f'{k} {v:+.2f}' for k, v in tr.get(key, {}).items() if v is not None)
+            if vals:
+                print(f'  {key}: {vals}')
 EOF
