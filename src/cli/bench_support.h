@@ -41,7 +41,9 @@ nlohmann::json profile_table(const std::string& title, const std::vector<CudaKer
 // per stage, the median over layers and blocks of its time from the block's PDL wait (us), and
 // the median over layers of the last block to reach it, from the layer's first wait; per
 // layer, the attention's span (first block in to last block out) and the gap from its last
-// block out to the next layer's first wait release (the Linears between), medians over layers.
+// block out to the next layer's first wait release (the Linears between), medians over layers;
+// per (layer, sequence x kv head unit) with a cluster merge, the merge's steps after the unit's
+// slowest partial, as medians over all units and over each layer's last unit to exit.
 nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers);
 #endif
 
