@@ -87,9 +87,9 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
     return t[(static_cast<size_t>(l) * kDecodeSplitBlocks + b) * kDecodeTraceStamps + s];
   };
   constexpr int kTimes = kDecodeTraceUnit;  // the stamps that are times
-  const char* names[kTimes] = {"entry",           "keys_issued", "wait_passed",        "prepared",
-                               "keys_landed",     "keys_done",   "partial_written",    "merged",
-                               "warps_ml_shared", "inbox_complete", "split_weights", "outputs_written"};
+  const char* names[kTimes] = {"entry",           "keys_issued",    "wait_passed",     "prepared",
+                               "keys_landed",     "keys_done",      "partial_written", "merged",
+                               "warps_ml_shared", "inbox_complete", "split_weights",   "outputs_written"};
   std::vector<std::vector<double>> rel(kTimes), last(kTimes);
   std::vector<double> span, gap, first_in_to_wait;
   // Per (layer, unit) of the blocks that hold keys: the latest of each stage over the unit's
@@ -125,18 +125,20 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
     for (const auto& [unit, e] : unit_entry) entry_spread.push_back(static_cast<double>(e.second - e.first) / 1e3);
     // The merge's steps after the unit's slowest partial: partial -> inbox complete ->
     // outputs written -> exit (every block's latest), and the same for the unit that ends last.
-    const int seq[5] = {6, 9, 11, 7, 7};
+    const int seq[4] = {6, 9, 11, 7};
     uint64_t last_exit = 0;
     const std::vector<uint64_t>* last_unit = nullptr;
     for (const auto& [unit, v] : unit_latest) {
       if (v[7] == 0 || v[9] == 0 || v[11] == 0) continue;  // no cluster merge
-      for (int i = 0; i < 3; ++i) unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
+      for (int i = 0; i < 3; ++i)
+        unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
       unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
       if (v[7] > last_exit) last_exit = v[7], last_unit = &v;
     }
     if (last_unit) {
       const std::vector<uint64_t>& v = *last_unit;
-      for (int i = 0; i < 3; ++i) last_unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
+      for (int i = 0; i < 3; ++i)
+        last_unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
       last_unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
     }
     span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
@@ -156,15 +158,15 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
       nlohmann::json::object();  // per layer, the last block to reach the stage, from the first wait
   for (int s = 0; s < kTimes; ++s) slowest[names[s]] = median(last[s]);
   j["stage_us_last_block_from_first_wait_median"] = slowest;
-  const char* gap_names[4] = {"slowest_partial_to_last_inbox", "last_inbox_to_last_outputs", "last_outputs_to_last_exit",
-                              "last_wait_to_slowest_partial"};
+  const char* gap_names[4] = {"slowest_partial_to_last_inbox", "last_inbox_to_last_outputs",
+                              "last_outputs_to_last_exit", "last_wait_to_slowest_partial"};
   nlohmann::json units = nlohmann::json::object(), last_units = nlohmann::json::object();
   for (int i = 0; i < 4; ++i) {
     units[gap_names[i]] = median(unit_gap[i]);
     last_units[gap_names[i]] = median(last_unit_gap[i]);
   }
-  j["cluster_us_median"] = units;             // over every (layer, unit) with a cluster merge
-  j["last_cluster_us_median"] = last_units;   // per layer, the unit that exits last
+  j["cluster_us_median"] = units;            // over every (layer, unit) with a cluster merge
+  j["last_cluster_us_median"] = last_units;  // per layer, the unit that exits last
   j["cluster_entry_spread_us_median"] = median(entry_spread);
   j["attention_span_us_median"] = median(span);
   j["first_entry_to_first_wait_us_median"] = median(first_in_to_wait);

@@ -497,8 +497,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int g = lane >> 2, t = lane & 3;
   // The step table's entry of this (sequence, split); read: its pages go to shared memory over
   // the P buffer (idle until the first key round is issued).
-  int32_t* desc = p.step_mode != 0 ? p.step_keys + (static_cast<int64_t>(seq) * p.splits + split) * kDecodeStepKeyInts
-                                   : nullptr;
+  int32_t* desc =
+      p.step_mode != 0 ? p.step_keys + (static_cast<int64_t>(seq) * p.splits + split) * kDecodeStepKeyInts : nullptr;
   int32_t* s_desc = reinterpret_cast<int32_t*>(ps);
   if (p.step_mode == 2 && threadIdx.x < kDecodeStepKeyInts / 4)
     reinterpret_cast<int4*>(s_desc)[threadIdx.x] = __ldcg(reinterpret_cast<const int4*>(desc) + threadIdx.x);

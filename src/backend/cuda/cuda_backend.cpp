@@ -304,8 +304,8 @@ void CudaBackend::text_attention(Tensor out, const Tensor& qkv, const TextBatch&
   flush();
   if (batch.num_tokens == 0) return;
   if (ctx_.profiler && batch.num_tokens != batch.num_seqs)
-    note("text_attention prefill seqs " + std::to_string(batch.num_seqs) + " rows " +
-         std::to_string(batch.num_tokens) + " max_context " + std::to_string(batch.max_context));
+    note("text_attention prefill seqs " + std::to_string(batch.num_seqs) + " rows " + std::to_string(batch.num_tokens) +
+         " max_context " + std::to_string(batch.max_context));
   if (batch.num_tokens == batch.num_seqs) {
     attn_ = {true, out, qkv, batch, cache, layer, shape, scale, fuse, fused};
   } else {
@@ -379,10 +379,9 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
   }
   if (a.layer == 0) step_table_ready_ = false;
   const cuda::DecodeStepTable table = decode_step_table(mode);
-  const int used = cuda::launch_text_decode_attention(c, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale,
-                                                      static_cast<float*>(decode_scratch_.data()),
-                                                      decode_partial_bytes(), decode_counters(),
-                                                      a.fused ? &a.prepare : nullptr, &table);
+  const int used = cuda::launch_text_decode_attention(
+      c, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale, static_cast<float*>(decode_scratch_.data()),
+      decode_partial_bytes(), decode_counters(), a.fused ? &a.prepare : nullptr, &table);
   if (used == 1) {
     step_table_ready_ = true;
     step_batch_ = a.batch;

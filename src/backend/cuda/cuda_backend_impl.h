@@ -119,8 +119,7 @@ class CudaBackend final : public Backend {
   // The decode scratch: split partials, then the decode attention's per-step table, then the
   // argmax keys and counters, then the split decode's arrival counters.
   size_t decode_partial_bytes() const {
-    return static_cast<size_t>(options_.max_head_dim + 2) * sizeof(float) * kDecodeSplitBlocks *
-           options_.max_gqa_group;
+    return static_cast<size_t>(options_.max_head_dim + 2) * sizeof(float) * kDecodeSplitBlocks * options_.max_gqa_group;
   }
   cuda::DecodeStepTable decode_step_table(int mode) const {
     cuda::DecodeStepTable t;
