@@ -137,55 +137,8 @@ __device__ __forceinline__ int active_splits(int ctx, int len, int splits) {
   return max(1, min(splits, (ctx + len - 1) / len));
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-// The cluster merge's transport (sm_90): 4-byte stores into a peer block's shared memory that
-// count their bytes on an mbarrier there (st.async), so the receiver waits on its own barrier
-// for exactly what it expects instead of the whole cluster meeting at a barrier.
-__device__ __forceinline__ uint32_t peer_u32(uint32_t local, unsigned rank) {
-  uint32_t out = local;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(local), "r"(rank));
-#endif
-  return out;
-}
-__device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t remote_bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
-               "r"(__float_as_uint(v)), "r"(remote_bar)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void inbox_bar_init(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-               : "memory");
-#endif
-}
-// One arrival (the barrier's only one) that also expects `bytes` of st.async, then every
-// thread waits for the phase (acquire at cluster scope: the peers' stores are visible after it).
-__device__ __forceinline__ void inbox_bar_expect(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-               "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void inbox_bar_wait(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n\t.reg .pred p;\n"
-      "WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n\t"
-      "@!p bra WAIT_%=;\n}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-      : "memory");
-#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -417,8 +370,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   if (i0 >= i1) return;  // no outputs here, nothing sent here
   // What the active splits send here: their slice of O and (m, l) of the slice's heads.
   const int heads = (i1 - 1) / HD - i0 / HD + 1;
-  if (threadIdx.x == 0) inbox_bar_expect(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
-  inbox_bar_wait(bar);
+  if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
+  mbar_wait_cluster(bar);
   stamp(p, 9);
   const float* in_ml = inbox + p.splits * per;
   float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits], over the idle stages
@@ -479,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if constexpr (kCluster) {
     // The inbox barrier is initialised before this block's first cluster arrival; a block waits
     // on that barrier phase before its first push, so every peer's barrier is ready by then.
-    if (threadIdx.x == 0) inbox_bar_init(&s_inbox_bar);
+    if (threadIdx.x == 0) mbar_init_cluster(&s_inbox_bar);
     cluster_arrive_relaxed();
   }
   stamp(p, 0);
@@ -781,8 +734,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
     } else if constexpr (kCluster) {
       const int dst = i / per;  // into the inbox of the block that writes output i
-      st_async_f32(peer_u32(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
-                   peer_u32(smem_u32(&s_inbox_bar), dst));
+      st_async_f32(cluster_peer_smem(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
+                   cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
     } else {
       float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
       part[d] = acc;
@@ -799,8 +752,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
       float mm, l;
       head_ml(h, mm, l);
-      const uint32_t ml = peer_u32(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
-      const uint32_t bar = peer_u32(smem_u32(&s_inbox_bar), r);
+      const uint32_t ml = cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
+      const uint32_t bar = cluster_peer_smem(smem_u32(&s_inbox_bar), r);
       st_async_f32(ml, mm, bar);
       st_async_f32(ml + 4, l, bar);
     }
@@ -915,7 +868,7 @@ int configure_decode_attention(bool clusters) {
 int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
                                  float* partial, size_t partial_bytes, uint32_t* counters, const FusedPrepare* prepare,
-                                 const DecodeStepTable* step) {
+                                 const DecodeStepTable* step, int trigger) {
   check_batch(batch);
   QVL_CHECK_EQ(batch.num_tokens, batch.num_seqs) << "decode attention takes one row per sequence";
   QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
@@ -955,7 +908,7 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.scale_log2 = scale * 1.4426950408889634f;
   p.debug_exit = ctx.decode_attention_exit;
   p.trace = ctx.decode_trace;
-  p.trigger = ctx.decode_attention_trigger;
+  p.trigger = trigger;
   p.layer = layer;
   if (prepare) {
     QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&

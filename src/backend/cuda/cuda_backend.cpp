@@ -354,16 +354,14 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
     note(std::string(a.fused ? "text_qkv_prepare+attention decode" : "text_attention decode") + " seqs " +
          std::to_string(a.batch.num_seqs) + " rows " + std::to_string(a.batch.num_tokens) + " max_context " +
          std::to_string(a.batch.max_context));
-  LaunchContext c = ctx_;
-  if (options_.decode_attention_trigger >= 0) {
-    c.decode_attention_trigger = options_.decode_attention_trigger;
-  } else if (a.batch.num_seqs > 1) {
-    c.decode_attention_trigger = 3;
-  } else {
+  int trigger = options_.decode_attention_trigger;
+  if (trigger < 0 && a.batch.num_seqs > 1) {
+    trigger = 3;
+  } else if (trigger < 0) {
     double bytes = 0;
     if (next)
       for (const LinearPart& part : next->parts) bytes += part.weight.nbytes() + part.scale_inv.nbytes();
-    c.decode_attention_trigger = next == nullptr || bytes > early_launch_bytes_ ? 1 : 3;
+    trigger = next == nullptr || bytes > early_launch_bytes_ ? 1 : 3;
   }
   // Layer 0 writes the step table, the later layers of the same batch read it; at batch 1 only
   // (H100, medians of 3 per decode step: 2B BF16 -2.0%, 2B FP8 and 4B FP8 +-0.1% at batch 1; at
@@ -380,8 +378,8 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
   if (a.layer == 0) step_table_ready_ = false;
   const cuda::DecodeStepTable table = decode_step_table(mode);
   const int used = cuda::launch_text_decode_attention(
-      c, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale, static_cast<float*>(decode_scratch_.data()),
-      decode_partial_bytes(), decode_counters(), a.fused ? &a.prepare : nullptr, &table);
+      ctx_, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale, static_cast<float*>(decode_scratch_.data()),
+      decode_partial_bytes(), decode_counters(), a.fused ? &a.prepare : nullptr, &table, trigger);
   if (used == 1) {
     step_table_ready_ = true;
     step_batch_ = a.batch;

@@ -127,6 +127,54 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;\n" ::: "memory");
 #endif
 }
+// Shared-memory transport between the blocks of a cluster (sm_90), for merges that push rather
+// than pull: 4-byte stores into a peer block's shared memory that count their bytes on an
+// mbarrier there (st.async), so that the receiver waits on its own barrier for exactly what it
+// expects instead of the whole cluster meeting at a barrier. Addresses are shared-window (32-bit).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The same shared-memory address in block `rank` of this cluster.
+__device__ __forceinline__ uint32_t cluster_peer_smem(uint32_t local, unsigned rank) {
+  uint32_t out = local;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(local), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t remote_bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(remote),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
+#endif
+}
+// Initialises a one-arrival mbarrier for the cluster's st.async. Peers may store to it once a
+// cluster barrier phase that this thread arrives at afterwards has completed.
+__device__ __forceinline__ void mbar_init_cluster(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n" ::"r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+// The barrier's one arrival, which also expects `bytes` of st.async.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Waits for the barrier's first phase (acquire at cluster scope: the peers' stores are visible).
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n\t.reg .pred p;\n"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n\t"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar))
+      : "memory");
+#endif
+}
 // The generic address of the same shared-memory location in block `rank` of this cluster.
 __device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

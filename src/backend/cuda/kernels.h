@@ -77,16 +77,15 @@ bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned 
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;                  // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;             // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;         // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
-  int vision_mt = 2;                 // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool prefill_q_alias = true;       // text prefill attention: Q in a K stage, 3 blocks per SM
-  int prefill_key_tiles = 8;         // text prefill attention: key tiles per block before a cluster split
-  int decode_split_blocks = 0;       // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
-  int decode_cluster = 0;            // decode attention: splits merged in a cluster of up to this many (< 2: off)
-  int decode_attention_exit = 0;     // measurement only: CudaBackendOptions::decode_attention_exit
-  int decode_attention_trigger = 1;  // CudaBackendOptions::decode_attention_trigger
+  bool pdl = false;               // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
+  int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
+  bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
+  int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
+  int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
+  int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
@@ -246,11 +245,13 @@ struct DecodeStepTable {
   int max_head_dim = 0;
   int mode = 0;
 };
-// Returns the step table mode it used (0 where the table does not apply: no fused prepare,
-// too many sequences or splits, pages under 3 tokens).
+// trigger: when a block lets the next kernel launch (CudaBackendOptions::decode_attention_
+// trigger, 0..3). Returns the step table mode it used (0 where the table does not apply: no
+// fused prepare, too many sequences or splits, pages under 3 tokens).
 int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
                                  float* partial, size_t partial_bytes, uint32_t* counters,
-                                 const FusedPrepare* prepare = nullptr, const DecodeStepTable* step = nullptr);
+                                 const FusedPrepare* prepare = nullptr, const DecodeStepTable* step = nullptr,
+                                 int trigger = 1);
 
 }  // namespace qvl::cuda
