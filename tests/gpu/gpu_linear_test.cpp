@@ -163,8 +163,10 @@ bool is_sm90() {
 }
 
 // Runs one Linear on `gpu` and checks it: against the host W8A8 reference when the backend took
-// the W8A8 path, else against the CPU backend (FP8: transformers' dequantised weights).
-void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAny) {
+// the W8A8 path, else against the CPU backend (FP8: transformers' dequantised weights). With
+// gpu_out, also returns the GPU's output.
+void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAny,
+              std::vector<float>* gpu_out = nullptr) {
   Scratch s;
   const int64_t K = c.K;
   std::vector<HostPart> host;
@@ -227,9 +229,12 @@ void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAn
   const CudaFp8GemmCounts after = cuda_fp8_gemm_counts(gpu);
   const bool w8a8 = after.w8a8 > before.w8a8;
   EXPECT_EQ(after.w8a8 + after.dequant - before.w8a8 - before.dequant, counted ? 1 : 0) << describe(c);
-  if (expect == Expect::kW8A8OnSm90)
+  if (expect == Expect::kW8A8OnSm90) {
     EXPECT_EQ(w8a8, is_sm90()) << describe(c) << ": W8A8 on sm_90 (cuBLASLt refused it?), dequantised elsewhere";
-  if (expect == Expect::kDequant) EXPECT_FALSE(w8a8) << describe(c);
+  }
+  if (expect == Expect::kDequant) {
+    EXPECT_FALSE(w8a8) << describe(c);
+  }
 
   const std::string op = std::string("linear ") + (!c.fp8 ? "bf16" : w8a8 ? "fp8 w8a8" : "fp8");
   if (w8a8) {
@@ -245,7 +250,9 @@ void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAn
   auto wc = cpu().load_linear(parts, host_bias, 128);
   ASSERT_TRUE(wc.is_ok()) << wc.status().to_string();
   cpu().linear(out.c, x.c, *wc, {c.act, rp.c});
-  EXPECT_TRUE(compare(op, describe(c), download(gpu, out.g), download(cpu(), out.c), tol::kGpuLinear));
+  const std::vector<float> got = download(gpu, out.g);
+  EXPECT_TRUE(compare(op, describe(c), got, download(cpu(), out.c), tol::kGpuLinear));
+  if (gpu_out) *gpu_out = got;
 }
 
 TEST(GpuOps, LinearBf16) {
@@ -305,7 +312,7 @@ TEST(GpuOps, LinearSkinnyLoadOrders) {
       {1, 6144, {272}, false, false, none, 2},
       {8, 2048, {512}, false, true, none, 1},
   };
-  for (int group : {1, 2}) {
+  for (int group : {1, 2, 3, 5}) {  // 3 and 5: FP8 up to 8 rows (17 rows keep 2)
     for (int prewait : {1, 2}) {
       CudaBackendOptions o;
       o.skinny_variant = 1;
@@ -318,6 +325,44 @@ TEST(GpuOps, LinearSkinnyLoadOrders) {
       if (group == 1)  // BF16 chunks already fill a load round
         for (const Case& c : bf16_cases) run_case(c, **be);
     }
+  }
+}
+
+// FP8 blocks of two 16-row tiles (SkinnyTuning::tiles): against the CPU oracle, and the same bits
+// as one-tile blocks (each tile's sums are a one-tile block's). N not a multiple of 32 leaves the
+// last block's second tile partly (N = 300, 584) or wholly (N = 48) past N; K = 1008 ends in a
+// short chunk, 9728 takes buffers A and B in turn.
+TEST(GpuOps, LinearSkinnyFp8TwoTiles) {
+  QVL_REQUIRE_CUDA();
+  const auto none = Activation::kNone;
+  const std::vector<Case> cases = {
+      {1, 2048, {2048}, true, false, none, 0},                 // a one-round K
+      {1, 1008, {300}, true, true, Activation::kGeluTanh, 0},  // short last chunk, bias
+      {1, 2560, {384, 200}, true, false, none, 2},             // stacked parts, in-place residual
+      {1, 9728, {48}, true, false, none, 1},                   // 76 chunks, a wholly empty tile
+      {8, 2048, {1024}, true, false, none, 0},                 // 8 rows
+      {5, 2560, {300}, true, false, none, 1},
+  };
+  CudaBackendOptions o;
+  o.skinny_variant = 1;
+  o.skinny_group = 1;
+  o.skinny_prewait = 2;
+  o.skinny_tiles = 1;
+  auto one = make_cuda_backend(o);
+  o.skinny_tiles = 2;
+  auto two = make_cuda_backend(o);
+  ASSERT_TRUE(one.is_ok() && two.is_ok());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const std::mt19937 seed = rng();
+    std::vector<float> a, b;
+    run_case(c, **one, Expect::kAny, &a);
+    rng() = seed;  // the same weights and inputs for both
+    run_case(c, **two, Expect::kAny, &b);
+    ASSERT_EQ(a.size(), b.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << "of " << a.size() << " outputs differ between one and two tiles per block";
   }
 }
 

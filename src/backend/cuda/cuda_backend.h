@@ -120,13 +120,14 @@ struct CudaBackendOptions {
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.
   bool fuse_prologues = true;
   // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny): 0 = per-shape
-  // defaults; 1 = one 16-row tile per block (group, prewait); 2 = streaming warps (depth,
-  // split); 0 = default.
+  // defaults; 1 = one-tile blocks (group, prewait, tiles: 16-row tiles per block); 2 = streaming
+  // warps (depth, split); 0 = default.
   int skinny_variant = 0;
   int skinny_depth = 0;
   int skinny_split = 0;
   int skinny_group = 0;
   int skinny_prewait = 0;
+  int skinny_tiles = 0;
   // Experimental, off: a decode step of one sequence runs the whole decoder stack as one
   // persistent kernel (decode_stack.cu, sm_90+) instead of layer by layer. Correct (GPU tests),
   // but slower so far on an H100 (2B BF16 2.15 against 2.0 ms per step; see

@@ -54,7 +54,8 @@ class OpProfiler {
 
 // Which decode Linear kernel runs (skinny.cu): 0 = the default for the shape. Benchmarks set it
 // to compare: variant 1 = one 16-row tile per block, K over the 8 warps (group = 128-column
-// chunks a warp loads at once, prewait = groups loaded before the PDL wait, 1 or 2); 2 =
+// chunks a warp loads at once, prewait = groups loaded before the PDL wait, 1 or 2; tiles = row
+// tiles per block); 2 =
 // streaming warps (depth = chunks in flight per warp, split = warps sharing one row tile's K).
 struct SkinnyTuning {
   int variant = 0;
@@ -62,6 +63,7 @@ struct SkinnyTuning {
   int split = 0;
   int group = 0;
   int prewait = 0;
+  int tiles = 0;  // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
 };
 
 // Measurement only (CudaBackendOptions::skip_kernels): launches to leave out, by kernel name and,
