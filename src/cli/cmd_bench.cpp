@@ -76,7 +76,7 @@ struct BenchOptions {
   bool no_graphs = false;
   int offload_layers = 0;
   bool profile = false;
-  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,tiles]]]]]"
+  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,tiles[,blocks]]]]]]"
   bool fused_decode = false;
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -135,15 +135,16 @@ Status run_bench(const BenchOptions& o) {
       std::stringstream in(o.skinny);
       std::string item;
       while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
-      if (v.empty() || v.size() > 6)
+      if (v.empty() || v.size() > 7)
         return invalid_argument("--cuda-skinny " + o.skinny +
-                                ": expected variant[,depth[,split[,group[,prewait[,tiles]]]]]");
+                                ": expected variant[,depth[,split[,group[,prewait[,tiles[,blocks]]]]]]");
       opts.skinny_variant = v[0];
       opts.skinny_depth = v.size() > 1 ? v[1] : 0;
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
       opts.skinny_group = v.size() > 3 ? v[3] : 0;
       opts.skinny_prewait = v.size() > 4 ? v[4] : 0;
       opts.skinny_tiles = v.size() > 5 ? v[5] : 0;
+      opts.skinny_blocks = v.size() > 6 ? v[6] : 0;
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
@@ -618,8 +619,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::IsMember({1, 2}));
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
-  app.add_option("--cuda-skinny", o->skinny,
-                 "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,tiles]]]]] (benchmarks)");
+  app.add_option(
+      "--cuda-skinny", o->skinny,
+      "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,tiles[,blocks]]]]]] (benchmarks)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
   app.add_option(

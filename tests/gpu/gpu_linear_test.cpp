@@ -328,11 +328,12 @@ TEST(GpuOps, LinearSkinnyLoadOrders) {
   }
 }
 
-// FP8 blocks of two 16-row tiles (SkinnyTuning::tiles): against the CPU oracle, and the same bits
+// FP8 blocks of two 16-row tiles (SkinnyTuning::tiles) and three one-tile blocks per
+// multiprocessor (SkinnyTuning::blocks, K <= 2048 only): against the CPU oracle, and the same bits
 // as one-tile blocks (each tile's sums are a one-tile block's). N not a multiple of 32 leaves the
 // last block's second tile partly (N = 300, 584) or wholly (N = 48) past N; K = 1008 ends in a
 // short chunk, 9728 takes buffers A and B in turn.
-TEST(GpuOps, LinearSkinnyFp8TwoTiles) {
+TEST(GpuOps, LinearSkinnyFp8BlockShapes) {
   QVL_REQUIRE_CUDA();
   const auto none = Activation::kNone;
   const std::vector<Case> cases = {
@@ -351,18 +352,29 @@ TEST(GpuOps, LinearSkinnyFp8TwoTiles) {
   auto one = make_cuda_backend(o);
   o.skinny_tiles = 2;
   auto two = make_cuda_backend(o);
-  ASSERT_TRUE(one.is_ok() && two.is_ok());
+  o.skinny_tiles = 1;
+  o.skinny_group = 1;
+  o.skinny_blocks = 3;
+  auto three = make_cuda_backend(o);
+  ASSERT_TRUE(one.is_ok() && two.is_ok() && three.is_ok());
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
     const std::mt19937 seed = rng();
-    std::vector<float> a, b;
+    std::vector<float> a, b, d;
     run_case(c, **one, Expect::kAny, &a);
-    rng() = seed;  // the same weights and inputs for both
+    rng() = seed;  // the same weights and inputs for each
     run_case(c, **two, Expect::kAny, &b);
+    rng() = seed;
+    run_case(c, **three, Expect::kAny, &d);
     ASSERT_EQ(a.size(), b.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0) << "of " << a.size() << " outputs differ between one and two tiles per block";
+    ASSERT_EQ(a.size(), d.size());
+    int64_t differ2 = 0, differ3 = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      differ2 += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      differ3 += std::memcmp(&a[i], &d[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ2, 0) << "of " << a.size() << " outputs differ between one and two tiles per block";
+    EXPECT_EQ(differ3, 0) << "of " << a.size() << " outputs differ between two and three blocks per multiprocessor";
   }
 }
 

@@ -63,7 +63,8 @@ struct SkinnyTuning {
   int split = 0;
   int group = 0;
   int prewait = 0;
-  int tiles = 0;  // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
+  int tiles = 0;   // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
+  int blocks = 0;  // one-tile kernel: 3 = three blocks per multiprocessor (FP8, group 1, one tile, up to 8 rows)
 };
 
 // Measurement only (CudaBackendOptions::skip_kernels): launches to leave out, by kernel name and,

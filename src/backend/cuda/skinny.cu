@@ -62,8 +62,12 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // anyway. T = 16-row tiles per block: FP8 blocks of two tiles carry a BF16 block's bytes (a
 // block's time is mostly the latency of its one round of loads, so bytes per block set the
 // kernel's rate). Neither changes the order of any sum: the bits are those of G = T = 1.
-template <bool kFp8, int G, int T, int NT, int PRO>
-__global__ void __launch_bounds__(kWarps * 32, NT <= 2 && G * T <= 2 ? 2 : 1)
+// MB > 0: at least MB blocks per multiprocessor (3: FP8 one-tile groups of one chunk, whose
+// registers then leave room for a third block's loads).
+template <bool kFp8, int G, int T, int NT, int PRO, int MB = 0>
+__global__ void __launch_bounds__(kWarps * 32, MB > 0                  ? MB
+                                               : NT <= 2 && G * T <= 2 ? 2
+                                                                       : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
   constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
   constexpr int kBlockRows = kRows * T;
@@ -135,24 +139,25 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && G * T <= 2 ? 2 : 1)
   }
 }
 
-template <bool kFp8, int G, int T>
+template <bool kFp8, int G, int T, int MB = 0>
 void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
   const dim3 grid(ceil_div(p.N, kRows * T)), block(kWarps * 32);
   const int nt = (p.n + 7) / 8;
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kRmsNorm>, grid, block,
+      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kRmsNorm, MB>, grid, block,
              prologue_bytes(p), p, prewait);
     else
-      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kSiluMul>, grid, block,
+      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kSiluMul, MB>, grid, block,
              prologue_bytes(p), p, prewait);
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (T > 1 || G > 2) {
-    QVL_CHECK_LE(p.n, 8) << "skinny_linear: " << T << " row tiles, groups of " << G << " take at most 8 rows";
-    launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, T, 1, kN>, grid, block, 0, p, prewait);
+  if constexpr (T > 1 || G > 2 || MB > 0) {
+    QVL_CHECK_LE(p.n, 8) << "skinny_linear: " << T << " row tiles, groups of " << G << ", " << MB
+                         << " blocks per multiprocessor take at most 8 rows";
+    launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, T, 1, kN, MB>, grid, block, 0, p, prewait);
   } else {
     switch (nt) {
       case 1:
@@ -187,20 +192,29 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
-    // FP8 at one row: two tiles where a grid of two-tile blocks still covers every
-    // multiprocessor; where one-tile blocks leave no second block per multiprocessor, groups
-    // that put the whole K on the way before the wait. A forced tiles 2 or group over 2 applies
-    // to FP8 Linears of at most 8 rows (others keep 1 and 2).
-    const bool fp8_one = fp8 && p.n == 1;
-    const int whole_k = std::clamp(static_cast<int>(ceil_div(ceil_div(p.K, kChunk), 2 * kWarps)), 2, 5);
+    // FP8 at one row: two tiles where the two one-chunk groups of a warp hold the whole K and
+    // a grid of two-tile blocks still covers every multiprocessor; where one-tile blocks leave
+    // no second block per multiprocessor, groups that put the whole K on the way before the
+    // wait. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply to FP8 Linears of
+    // at most 8 rows (3 blocks: those whose K fits two one-chunk groups, with group 1); other
+    // Linears keep one tile, group 1 (BF16) or at most 2 (FP8).
+    const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
+    const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
+    const bool short_k = nchunks <= 2 * kWarps;
+    const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
     if (t.tiles == 0)
-      t.tiles = fp8_one && t.group <= 1 && static_cast<int64_t>(ceil_div(p.N, 2 * kRows)) >= ctx.num_sms ? 2 : 1;
-    if (t.group == 0) t.group = !fp8_one ? 1 : t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
-    if (!fp8 || p.n > 8) t.tiles = 1, t.group = std::min(t.group, fp8 ? 2 : 1);
+      t.tiles =
+          fp8_one && t.group <= 1 && short_k && static_cast<int64_t>(ceil_div(p.N, 2 * kRows)) >= ctx.num_sms ? 2 : 1;
+    if (!fp8_few) t.tiles = 1;
+    if (t.blocks == 3 && !(fp8_few && t.tiles == 1 && short_k)) t.blocks = 0;
+    if (t.blocks == 3) t.group = 1;
+    if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
+    if (!fp8_few) t.group = std::min(t.group, fp8 ? 2 : 1);
     if (t.prewait == 0) t.prewait = p.n == 1 ? 2 : 1;
     QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.group == 1 || fp8) && (t.prewait == 1 || t.prewait == 2))
         << "skinny group " << t.group << ", prewait " << t.prewait;
     QVL_CHECK(t.tiles == 1 || (t.tiles == 2 && t.group == 1)) << "skinny tiles " << t.tiles << " (2: group 1)";
+    QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
     return t;
   }
   if (t.split == 0) t.split = tiles >= 4096 ? 1 : kWarps;
@@ -279,6 +293,8 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       launch_nt<false, 1, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.tiles == 2)
       launch_nt<true, 1, 2>(ctx, p, pro.kind, tune.prewait);
+    else if (tune.blocks == 3)
+      launch_nt<true, 1, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 5)
       launch_nt<true, 5, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 4)
