@@ -192,19 +192,19 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
-    // FP8 at one row: two tiles where the two one-chunk groups of a warp hold the whole K and
-    // a grid of two-tile blocks still covers every multiprocessor; where one-tile blocks leave
-    // no second block per multiprocessor, groups that put the whole K on the way before the
-    // wait. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply to FP8 Linears of
-    // at most 8 rows (3 blocks: those whose K fits two one-chunk groups, with group 1); other
+    // FP8 up to 8 rows, where the two one-chunk groups of a warp hold the whole K (K <= 2048)
+    // and the grid fills three blocks per multiprocessor: three blocks of group 1 (80
+    // registers). FP8 at one row where one-tile blocks leave no second block per
+    // multiprocessor: groups that put the whole K on the way before the wait. Two-tile blocks
+    // are a bench override. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply
+    // to FP8 Linears of at most 8 rows (3 blocks: those whose K fits two one-chunk groups); other
     // Linears keep one tile, group 1 (BF16) or at most 2 (FP8).
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
     const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
     const bool short_k = nchunks <= 2 * kWarps;
     const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
-    if (t.tiles == 0)
-      t.tiles =
-          fp8_one && t.group <= 1 && short_k && static_cast<int64_t>(ceil_div(p.N, 2 * kRows)) >= ctx.num_sms ? 2 : 1;
+    if (t.tiles == 0) t.tiles = 1;
+    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && short_k && tiles >= 3 * ctx.num_sms) t.blocks = 3;
     if (!fp8_few) t.tiles = 1;
     if (t.blocks == 3 && !(fp8_few && t.tiles == 1 && short_k)) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
