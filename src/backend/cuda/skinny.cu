@@ -188,7 +188,7 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
 // with more rows both cost time (qvl bench A/B on an H100, 2B / 2B FP8 / 4B FP8 decode step:
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
 SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
-  SkinnyTuning t = ctx.skinny;
+  SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
