@@ -137,9 +137,6 @@ __device__ __forceinline__ int active_splits(int ctx, int len, int splits) {
   return max(1, min(splits, (ctx + len - 1) / len));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

@@ -127,6 +127,23 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;\n" ::: "memory");
 #endif
 }
+// 16 bytes global -> shared without registers (cp.async, sm_80+; a plain copy below), complete
+// for this thread after cp_async_wait_all (then a block barrier before other threads read them).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(src));
+#else
+  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Shared-memory transport between the blocks of a cluster (sm_90), for merges that push rather
 // than pull: 4-byte stores into a peer block's shared memory that count their bytes on an
 // mbarrier there (st.async), so that the receiver waits on its own barrier for exactly what it

@@ -98,12 +98,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory"));
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  QVL_SM90(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)));
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  QVL_SM90(asm volatile("cp.async.wait_all;" ::: "memory"));
-}
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumer_sync() {
   QVL_SM90(asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"));

@@ -193,8 +193,8 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
     // FP8 up to 8 rows, where the two one-chunk groups of a warp hold the whole K (K <= 2048)
-    // and the grid fills three blocks per multiprocessor: three blocks of group 1 (80
-    // registers). FP8 at one row where one-tile blocks leave no second block per
+    // and the grid fills three blocks per multiprocessor (at one row: more than one): three
+    // blocks of group 1 (80 registers). FP8 at one row where one-tile blocks leave no second block per
     // multiprocessor: groups that put the whole K on the way before the wait. Two-tile blocks
     // are a bench override. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply
     // to FP8 Linears of at most 8 rows (3 blocks: those whose K fits two one-chunk groups); other
@@ -204,8 +204,12 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     const bool short_k = nchunks <= 2 * kWarps;
     const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
     if (t.tiles == 0) t.tiles = 1;
-    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && short_k && tiles >= 3 * ctx.num_sms) t.blocks = 3;
-    if (!fp8_few) t.tiles = 1;
+    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && short_k &&
+        (tiles >= 3 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
+      t.blocks = 3;
+    // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB they would pass
+    // the 48 KiB a block gets without opting in.
+    if (!fp8_few || (p.src != nullptr && prologue_bytes(p) > (32u << 10))) t.tiles = 1;
     if (t.blocks == 3 && !(fp8_few && t.tiles == 1 && short_k)) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
     if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
@@ -275,6 +279,8 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       p.eps = pro.eps;
     } else {
       QVL_CHECK_EQ(pro.src.row_numel(), 2 * K);
+      // Gate and up staged in shared memory where both fit the prologue's budget.
+      p.silu_staged = 2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
     }
   }
   if (fp8) {

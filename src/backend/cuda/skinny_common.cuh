@@ -62,6 +62,7 @@ struct SkinnyParams {
   const void* norm_w;
   bool norm_w_f32;
   float eps;
+  bool silu_staged;  // kSiluMul: gate and up copied into shared memory first (prologue_bytes doubles)
 };
 
 // Shared state of the prologues: 1/rms of each row for kRmsNorm, and the per-warp partial
@@ -123,17 +124,21 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
     const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
     const int64_t v0 = per * blockIdx.x, v1 = v0 + per;
     if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
+      // Each thread copies its vectors of every row into prologue_x at once (cp.async: no
+      // registers, one round trip instead of one per vector), then reads back its own.
+      for (int tok = 0; tok < p.n; ++tok) {
+        const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
+        for (int v = threadIdx.x; v < kv; v += kWarps * 32) cp_async16(&prologue_x[tok * kv + v], row + v);
+      }
+      cp_async_wait_all();
       float ss[kFusedPrologueMaxRows];
 #pragma unroll
       for (int tok = 0; tok < kFusedPrologueMaxRows; ++tok) {
         ss[tok] = 0.0f;
         if (tok < p.n) {
-          const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
           for (int v = threadIdx.x; v < kv; v += kWarps * 32) {
-            const uint4 raw = load16(row + v);
-            prologue_x[tok * kv + v] = raw;
             float f[8];
-            unpack8(raw, f);
+            unpack8(prologue_x[tok * kv + v], f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) ss[tok] += f[e] * f[e];
           }
@@ -173,6 +178,27 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
           prologue_x[i] = x;
           if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
         }
+      }
+    } else if (p.silu_staged) {
+      // gate into prologue_x and up into the n * kv vectors after it, all at once (cp.async),
+      // then each thread combines the vectors it copied.
+      uint4* up = prologue_x + p.n * kv;
+      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+        const int tok = i / kv, k = (i % kv) * 8;
+        const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
+        cp_async16(&prologue_x[i], row + k);
+        cp_async16(&up[i], row + p.K + k);
+      }
+      cp_async_wait_all();
+      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+        float g[8], u[8];
+        unpack8(prologue_x[i], g);
+        unpack8(up[i], u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
+        const uint4 x = pack8(g);
+        prologue_x[i] = x;
+        if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
     } else {
       for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
@@ -326,12 +352,12 @@ __device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int to
   p.out[o] = __float2bfloat16_rn(v);
 }
 
-// Dynamic shared memory of a prologue launch: x, [n][K] BF16.
+// Dynamic shared memory of a prologue launch: x, [n][K] BF16 (and up beside it when staged).
 inline size_t prologue_bytes(const SkinnyParams& p) {
   const size_t bytes = static_cast<size_t>(p.n) * p.K * sizeof(uint16_t);
   QVL_CHECK(p.n <= kFusedPrologueMaxRows && bytes <= kFusedPrologueMaxBytes)
       << "fused prologue over " << p.n << " x " << p.K << " values";
-  return bytes;
+  return p.silu_staged ? 2 * bytes : bytes;
 }
 
 // The persistent streaming kernel's launcher (skinny_stream.cu): depth = chunks in flight per
