@@ -76,7 +76,7 @@ struct BenchOptions {
   bool no_graphs = false;
   int offload_layers = 0;
   bool profile = false;
-  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs]]]]]]]"
+  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]]"
   bool fused_decode = false;
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -135,9 +135,10 @@ Status run_bench(const BenchOptions& o) {
       std::stringstream in(o.skinny);
       std::string item;
       while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
-      if (v.empty() || v.size() > 8)
-        return invalid_argument("--cuda-skinny " + o.skinny +
-                                ": expected variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs]]]]]]]");
+      if (v.empty() || v.size() > 9)
+        return invalid_argument(
+            "--cuda-skinny " + o.skinny +
+            ": expected variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]]");
       opts.skinny_variant = v[0];
       opts.skinny_depth = v.size() > 1 ? v[1] : 0;
       opts.skinny_split = v.size() > 2 ? v[2] : 0;
@@ -146,6 +147,7 @@ Status run_bench(const BenchOptions& o) {
       opts.skinny_tiles = v.size() > 5 ? v[5] : 0;
       opts.skinny_blocks = v.size() > 6 ? v[6] : 0;
       opts.skinny_only_n = v.size() > 7 ? v[7] : 0;
+      opts.skinny_stage = v.size() > 8 ? v[8] : 0;
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
@@ -620,9 +622,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::IsMember({1, 2}));
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
-  app.add_option("--cuda-skinny", o->skinny,
-                 "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs]]]]]]] "
-                 "(benchmarks; outputs > 0: only Linears of that many outputs)");
+  app.add_option(
+      "--cuda-skinny", o->skinny,
+      "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]] "
+      "(benchmarks; outputs > 0: only Linears of that many outputs)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
   app.add_option(

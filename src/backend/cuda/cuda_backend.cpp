@@ -36,8 +36,9 @@ Status CudaBackend::init() {
   ctx_.decode_split_blocks = std::clamp(options_.decode_split_blocks, 0, kDecodeSplitBlocks);
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
-  ctx_.skinny = {options_.skinny_variant, options_.skinny_depth, options_.skinny_split,  options_.skinny_group,
-                 options_.skinny_prewait, options_.skinny_tiles, options_.skinny_blocks, options_.skinny_only_n};
+  ctx_.skinny = {options_.skinny_variant, options_.skinny_depth,   options_.skinny_split,
+                 options_.skinny_group,   options_.skinny_prewait, options_.skinny_tiles,
+                 options_.skinny_blocks,  options_.skinny_only_n,  options_.skinny_stage};
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
   QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
   if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {

@@ -130,6 +130,7 @@ struct CudaBackendOptions {
   int skinny_tiles = 0;
   int skinny_blocks = 0;
   int skinny_only_n = 0;
+  int skinny_stage = 0;
   // Experimental, off: a decode step of one sequence runs the whole decoder stack as one
   // persistent kernel (decode_stack.cu, sm_90+) instead of layer by layer. Correct (GPU tests),
   // but slower so far on an H100 (2B BF16 2.15 against 2.0 ms per step; see

@@ -66,6 +66,9 @@ struct SkinnyTuning {
   int tiles = 0;   // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
   int blocks = 0;  // one-tile kernel: 3 = three blocks per multiprocessor (FP8, group 1, one tile, up to 8 rows)
   int only_n = 0;  // > 0: the fields above apply only to Linears of only_n outputs (others take the defaults)
+  // Prologue inputs copied into shared memory by cp.async before use: 1 neither, 2 RMSNorm's
+  // rows, 3 SiLU·mul's gate and up (where both fit 40 KiB), 4 both.
+  int stage = 0;
 };
 
 // Measurement only (CudaBackendOptions::skip_kernels): launches to leave out, by kernel name and,

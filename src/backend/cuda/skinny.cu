@@ -189,6 +189,8 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
 SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
   SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
+  if (t.stage == 0) t.stage = 1;
+  QVL_CHECK(t.stage >= 1 && t.stage <= 4) << "skinny stage " << t.stage;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
@@ -207,9 +209,9 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && short_k &&
         (tiles >= 3 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
       t.blocks = 3;
-    // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB they would pass
-    // the 48 KiB a block gets without opting in.
-    if (!fp8_few || (p.src != nullptr && prologue_bytes(p) > (32u << 10))) t.tiles = 1;
+    // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB (counted as
+    // staged) they would pass the 48 KiB a block gets without opting in.
+    if (!fp8_few || (p.src != nullptr && 2 * prologue_bytes(p) > (32u << 10))) t.tiles = 1;
     if (t.blocks == 3 && !(fp8_few && t.tiles == 1 && short_k)) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
     if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
@@ -279,9 +281,14 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       p.eps = pro.eps;
     } else {
       QVL_CHECK_EQ(pro.src.row_numel(), 2 * K);
-      // Gate and up staged in shared memory where both fit the prologue's budget.
-      p.silu_staged = 2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
     }
+  }
+  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
+  if (pro.kind == SkinnyPrologue::kRmsNorm) p.rms_staged = tune.stage == 2 || tune.stage == 4;
+  // Gate and up staged in shared memory where both fit the prologue's budget.
+  if (pro.kind == SkinnyPrologue::kSiluMul) {
+    p.silu_staged = (tune.stage == 3 || tune.stage == 4) &&
+                    2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
   }
   if (fp8) {
     const Tensor& scale = w.parts[0].scale_inv;
@@ -293,7 +300,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
   }
-  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
   if (tune.variant == 1) {
     if (!fp8)
       launch_nt<false, 1, 1>(ctx, p, pro.kind, tune.prewait);

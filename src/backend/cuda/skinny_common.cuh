@@ -63,6 +63,7 @@ struct SkinnyParams {
   bool norm_w_f32;
   float eps;
   bool silu_staged;  // kSiluMul: gate and up copied into shared memory first (prologue_bytes doubles)
+  bool rms_staged;   // kRmsNorm: the rows copied into shared memory first
 };
 
 // Shared state of the prologues: 1/rms of each row for kRmsNorm, and the per-warp partial
@@ -124,21 +125,31 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
     const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
     const int64_t v0 = per * blockIdx.x, v1 = v0 + per;
     if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
-      // Each thread copies its vectors of every row into prologue_x at once (cp.async: no
-      // registers, one round trip instead of one per vector), then reads back its own.
-      for (int tok = 0; tok < p.n; ++tok) {
-        const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
-        for (int v = threadIdx.x; v < kv; v += kWarps * 32) cp_async16(&prologue_x[tok * kv + v], row + v);
+      // Staged: each thread copies its vectors of every row into prologue_x at once (cp.async:
+      // no registers, one round trip instead of one per vector), then reads back its own.
+      if (p.rms_staged) {
+        for (int tok = 0; tok < p.n; ++tok) {
+          const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
+          for (int v = threadIdx.x; v < kv; v += kWarps * 32) cp_async16(&prologue_x[tok * kv + v], row + v);
+        }
+        cp_async_wait_all();
       }
-      cp_async_wait_all();
       float ss[kFusedPrologueMaxRows];
 #pragma unroll
       for (int tok = 0; tok < kFusedPrologueMaxRows; ++tok) {
         ss[tok] = 0.0f;
         if (tok < p.n) {
+          const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
           for (int v = threadIdx.x; v < kv; v += kWarps * 32) {
+            uint4 raw;
+            if (p.rms_staged) {
+              raw = prologue_x[tok * kv + v];
+            } else {
+              raw = load16(row + v);
+              prologue_x[tok * kv + v] = raw;
+            }
             float f[8];
-            unpack8(prologue_x[tok * kv + v], f);
+            unpack8(raw, f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) ss[tok] += f[e] * f[e];
           }
