@@ -189,8 +189,8 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
 SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
   SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
-  if (t.stage == 0) t.stage = 1;
-  QVL_CHECK(t.stage >= 1 && t.stage <= 4) << "skinny stage " << t.stage;
+  if (t.stage == 0) t.stage = 2;
+  QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
@@ -199,8 +199,8 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // blocks of group 1 (80 registers). FP8 at one row where one-tile blocks leave no second block per
     // multiprocessor: groups that put the whole K on the way before the wait. Two-tile blocks
     // are a bench override. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply
-    // to FP8 Linears of at most 8 rows (3 blocks: those whose K fits two one-chunk groups); other
-    // Linears keep one tile, group 1 (BF16) or at most 2 (FP8).
+    // to FP8 Linears of at most 8 rows; other Linears keep one tile, group 1 (BF16) or at most 2
+    // (FP8).
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
     const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
     const bool short_k = nchunks <= 2 * kWarps;
@@ -212,7 +212,7 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB (counted as
     // staged) they would pass the 48 KiB a block gets without opting in.
     if (!fp8_few || (p.src != nullptr && 2 * prologue_bytes(p) > (32u << 10))) t.tiles = 1;
-    if (t.blocks == 3 && !(fp8_few && t.tiles == 1 && short_k)) t.blocks = 0;
+    if (t.blocks == 3 && !(fp8_few && t.tiles == 1)) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
     if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
     if (!fp8_few) t.group = std::min(t.group, fp8 ? 2 : 1);
@@ -284,12 +284,9 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     }
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
-  if (pro.kind == SkinnyPrologue::kRmsNorm) p.rms_staged = tune.stage == 2 || tune.stage == 4;
   // Gate and up staged in shared memory where both fit the prologue's budget.
-  if (pro.kind == SkinnyPrologue::kSiluMul) {
-    p.silu_staged = (tune.stage == 3 || tune.stage == 4) &&
-                    2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
-  }
+  if (pro.kind == SkinnyPrologue::kSiluMul)
+    p.silu_staged = tune.stage == 2 && 2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
   if (fp8) {
     const Tensor& scale = w.parts[0].scale_inv;
     QVL_CHECK_EQ(w.block_size, kChunk) << "skinny_linear handles 128x128 FP8 blocks";
