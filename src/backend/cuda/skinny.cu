@@ -194,20 +194,20 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
-    // FP8 up to 8 rows, where the two one-chunk groups of a warp hold the whole K (K <= 2048)
-    // and the grid fills three blocks per multiprocessor (at one row: more than one): three
-    // blocks of group 1 (80 registers). FP8 at one row where one-tile blocks leave no second block per
-    // multiprocessor: groups that put the whole K on the way before the wait. Two-tile blocks
-    // are a bench override. Forced tiles 2, groups over 2 and 3 blocks per multiprocessor apply
-    // to FP8 Linears of at most 8 rows; other Linears keep one tile, group 1 (BF16) or at most 2
-    // (FP8).
+    // FP8 up to 8 rows, where a warp takes at most three chunks (K <= 3072) and the grid has
+    // more than two blocks per multiprocessor (at one row: more than one): three blocks of
+    // group 1 (80 registers). Measured (qvl bench A/B, H100): 2B FP8 decode -6% at batch 1 and
+    // -5% at 8, 4B FP8 -3% / -6%; 2B's qkv at 8 rows, o_proj and the K = 4096 / 9728 Linears
+    // were slower with it. FP8 at one row where one-tile blocks leave no second block per
+    // multiprocessor: groups that put the whole K on the way before the wait (2B down). Two-tile
+    // blocks are a bench override. Forced tiles 2, groups over 2 and 3 blocks apply to FP8
+    // Linears of at most 8 rows; other Linears keep one tile and group 1 (BF16) or at most 2.
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
     const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
-    const bool short_k = nchunks <= 2 * kWarps;
     const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
     if (t.tiles == 0) t.tiles = 1;
-    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && short_k &&
-        (tiles >= 3 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
+    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && nchunks <= 3 * kWarps &&
+        (tiles > 2 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
       t.blocks = 3;
     // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB (counted as
     // staged) they would pass the 48 KiB a block gets without opting in.
