@@ -81,7 +81,6 @@ struct BenchOptions {
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
-  bool no_vision_wgmma = false;          // A/B: the mma.sync vision attention on sm_90 too
   bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
   int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
@@ -154,7 +153,6 @@ Status run_bench(const BenchOptions& o) {
     opts.cluster_attention = !o.no_cluster_attention;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
-    opts.vision_attention_wgmma = !o.no_vision_wgmma;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
@@ -622,8 +620,6 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));
-  app.add_flag("--no-vision-wgmma", o->no_vision_wgmma,
-               "CUDA A/B: vision attention at head dim 64 through the mma.sync kernel on sm_90 as well");
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option(

@@ -29,10 +29,9 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 }
 
 // The CUDA backends a vision / prefill case runs on, made per test: cuda() (cluster split on
-// sm_90+; vision attention at head dim 64 through warpgroup MMA on sm_90), on sm_90+ one with
-// CudaBackendOptions::cluster_attention and the warpgroup-MMA kernel off, and one with vision
-// attention at one m-tile per warp (mma.sync) and prefill Q in its own shared memory, splitting
-// from two key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1).
+// sm_90+), on sm_90+ one with CudaBackendOptions::cluster_attention off, and one with vision
+// attention at one m-tile per warp and prefill Q in its own shared memory, splitting from two
+// key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -45,13 +44,11 @@ class AttentionGpus {
     if (info.is_ok() && info->compute_capability >= 90) {
       CudaBackendOptions o;
       o.cluster_attention = false;
-      o.vision_attention_wgmma = false;
       unsplit_ = cuda_backend_with(o);
       list_.push_back({" no-cluster", unsplit_.get()});
     }
     CudaBackendOptions o;
     o.vision_attention_mt = 1;
-    o.vision_attention_wgmma = false;
     o.prefill_q_alias = false;
     o.prefill_key_tiles = 1;
     mt1_ = cuda_backend_with(o);

@@ -131,10 +131,6 @@ void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor&
     launch_vision_attention_generic(ctx, out, qkv, seg, num_heads, head_dim, scale);
     return;
   }
-  if (head_dim == 64 && ctx.vision_wgmma) {
-    launch_vision_attention_wgmma(ctx, out, qkv, seg, num_heads, scale);
-    return;
-  }
   const int nseg = static_cast<int>(seg.host_cu_seqlens.size()) - 1;
   if (head_dim == 64) {
     run<64>(ctx, {qkv.as<bf16>(), out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), nseg, num_heads}, tiles, scale);

@@ -79,9 +79,6 @@ struct CudaBackendOptions {
   // feeding two mmas) or 1 (8 warps). The same bits either way: a row's arithmetic does not
   // depend on which warp does it (the GPU test compares them).
   int vision_attention_mt = 2;
-  // Vision attention at head dim 64 on sm_90 with warpgroup MMA (attention_vision_wgmma.cu) where
-  // the build carries sm_90a code; else (and with this off) the mma.sync flash kernel above.
-  bool vision_attention_wgmma = true;
   // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
   // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.
   bool prefill_q_alias = true;

@@ -88,7 +88,6 @@ struct LaunchContext {
   bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
   bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
   int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool vision_wgmma = false;      // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
   bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
@@ -214,11 +213,6 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args);
 
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
-// attention_vision_wgmma.cu: head dim 64 with warpgroup MMA, where the device is sm_90 and this
-// build carries its sm_90a code (asked once, on the device).
-bool vision_attention_wgmma_available();
-void launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
-                                   int num_heads, float scale);
 // Returns the largest decode-attention cluster (LaunchContext::decode_cluster; 0 without clusters).
 int configure_text_attention(bool clusters);
 
