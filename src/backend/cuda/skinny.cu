@@ -65,9 +65,9 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // MB > 0: at least MB blocks per multiprocessor (3: FP8 one-tile groups of one chunk, whose
 // registers then leave room for a third block's loads).
 template <bool kFp8, int G, int T, int NT, int PRO, int MB = 0>
-__global__ void __launch_bounds__(kWarps * 32, MB > 0                                   ? MB
-                                               : NT <= 2 && (kFp8 ? G : 2 * G) * T <= 2 ? 2
-                                                                                        : 1)
+__global__ void __launch_bounds__(kWarps * 32, MB > 0                  ? MB
+                                               : NT <= 2 && G * T <= 2 ? 2
+                                                                       : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
   constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
   constexpr int kBlockRows = kRows * T;
@@ -154,7 +154,7 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (T > 1 || G > 2 || MB > 0 || (!kFp8 && G > 1)) {
+  if constexpr (T > 1 || G > 2 || MB > 0) {
     QVL_CHECK_LE(p.n, 8) << "skinny_linear: " << T << " row tiles, groups of " << G << ", " << MB
                          << " blocks per multiprocessor take at most 8 rows";
     launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, T, 1, kN, MB>, grid, block, 0, p, prewait);
@@ -198,14 +198,12 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // more than two blocks per multiprocessor (at one row: more than one): three blocks of
     // group 1 (80 registers). Measured (qvl bench A/B, H100): 2B FP8 decode -6% at batch 1 and
     // -5% at 8, 4B FP8 -3% / -6%; 2B's qkv at 8 rows, o_proj and the K = 4096 / 9728 Linears
-    // were slower with it. At one row where one-tile blocks leave no second block per
-    // multiprocessor: FP8 groups that put the whole K on the way before the wait, BF16 groups of
-    // two chunks past K = 2048 (one block per multiprocessor; 2B down). Two-tile blocks are a
-    // bench override. Forced tiles 2, groups over 2 and 3 blocks apply to FP8 Linears of at most
-    // 8 rows, BF16 groups of 2 up to 8 rows; other Linears keep one tile and group 1 (BF16) or at
-    // most 2.
+    // were slower with it. FP8 at one row where one-tile blocks leave no second block per
+    // multiprocessor: groups that put the whole K on the way before the wait (2B down). Two-tile
+    // blocks are a bench override. Forced tiles 2, groups over 2 and 3 blocks apply to FP8
+    // Linears of at most 8 rows; other Linears keep one tile and group 1 (BF16) or at most 2.
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
-    const bool fp8_few = fp8 && p.n <= 8;
+    const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
     const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
     if (t.tiles == 0) t.tiles = 1;
     if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && nchunks <= 3 * kWarps &&
@@ -216,18 +214,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     if (!fp8_few || (p.src != nullptr && 2 * prologue_bytes(p) > (32u << 10))) t.tiles = 1;
     if (t.blocks == 3 && !(fp8_few && t.tiles == 1)) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
-    if (t.group == 0) {
-      if (p.n > 1 || t.tiles == 2)
-        t.group = 1;
-      else if (tiles <= ctx.num_sms)
-        t.group = fp8 ? whole_k : nchunks > 2 * kWarps ? 2 : 1;
-      else
-        t.group = fp8 ? 2 : 1;
-    }
-    if (p.n > 8) t.group = std::min(t.group, fp8 ? 2 : 1);
-    if (!fp8) t.group = std::min(t.group, 2);
+    if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
+    if (!fp8_few) t.group = std::min(t.group, fp8 ? 2 : 1);
     if (t.prewait == 0) t.prewait = p.n == 1 ? 2 : 1;
-    QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.prewait == 1 || t.prewait == 2))
+    QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.group == 1 || fp8) && (t.prewait == 1 || t.prewait == 2))
         << "skinny group " << t.group << ", prewait " << t.prewait;
     QVL_CHECK(t.tiles == 1 || (t.tiles == 2 && t.group == 1)) << "skinny tiles " << t.tiles << " (2: group 1)";
     QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
@@ -308,9 +298,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
   }
   if (tune.variant == 1) {
-    if (!fp8 && tune.group == 2)
-      launch_nt<false, 2, 1>(ctx, p, pro.kind, tune.prewait);
-    else if (!fp8)
+    if (!fp8)
       launch_nt<false, 1, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.tiles == 2)
       launch_nt<true, 1, 2>(ctx, p, pro.kind, tune.prewait);
