@@ -58,10 +58,11 @@ Status CudaBackend::init() {
     QVL_CUDA_OK(cudaMemset(decode_trace_.data(), 0, bytes));
     ctx_.decode_trace = static_cast<unsigned long long*>(decode_trace_.data());
   }
-  // About 2.8 us of the device's peak DRAM bandwidth (H100 SXM: 9.4 MB), where the measured
-  // crossover lies (see CudaBackendOptions::decode_attention_trigger).
-  const double peak_bw = 2.0 * info_.memory_clock_khz * 1e3 * info_.memory_bus_bits / 8.0;
-  early_launch_bytes_ = (peak_bw > 0 ? peak_bw : 3.35e12) * 2.8e-6;
+  // The measured crossover, in bytes rather than time: H100 between 8.4 MB (2B BF16, exit
+  // better) and 10.5 MB (4B FP8, keys done better); on an H200 4B FP8 measured keys-done better
+  // as well (2.615 against 2.680 ms), where 2.8 us of its bandwidth (13.4 MB) would have chosen
+  // the exit (see CudaBackendOptions::decode_attention_trigger).
+  early_launch_bytes_ = 9.4e6;
   skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
   if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {
     log_warn("CUDA backend: kernels left out or cut short for a measurement; every result is wrong");

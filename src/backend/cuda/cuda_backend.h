@@ -112,8 +112,8 @@ struct CudaBackendOptions {
   //   o_proj later leaves its weight stream on the critical path. Measured (H100, 840 tokens):
   //   batch 1 2B BF16 -5.2%, 2B FP8 -2.6%, 4B FP8 +2.9%, 4B BF16 +0.9%, 8B FP8 +1.8%, 8B BF16
   //   +0.9%; batch 8 -0.6 to -4.4% for all six (run 9).
-  // So: 3 for batches, and at batch 1 unless o_proj's weights take longer than about 2.8 us to
-  // read at the device's peak bandwidth (2B's 8 and 4 MiB do not, 4B FP8's 10 MiB does), else 1.
+  // So: 3 for batches, and at batch 1 unless o_proj's weights are over 9.4 MB (2B's 8 and 4 MiB
+  // are not, 4B FP8's 10 MiB is: on an H200 too, where 1 measured -2.6% against 3), else 1.
   int decode_attention_trigger = -1;
   // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
