@@ -66,8 +66,8 @@ struct SkinnyTuning {
   int tiles = 0;   // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
   int blocks = 0;  // one-tile kernel: 3 = three blocks per multiprocessor (FP8, group 1, one tile, up to 8 rows)
   int only_n = 0;  // > 0: the fields above apply only to Linears of only_n outputs (others take the defaults)
-  // SiLU·mul prologue: 1 = gate and up loaded per vector, 2 = copied into shared memory by
-  // cp.async first, where both fit 40 KiB (the default: 2B / 4B FP8 decode -2%).
+  // SiLU·mul prologue: 1 = gate and up loaded per vector, 2 = at one row, copied into shared
+  // memory by cp.async first (the default: 2B BF16 / 4B FP8 decode -2%).
   int stage = 0;
 };
 
@@ -180,6 +180,9 @@ inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
 }
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
+// Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
+// kFusedPrologueMaxBytes of shared memory (per backend, before any launch).
+void configure_skinny();
 
 // ---- argmax.cu ----
 // ids[r] = the first index of row r's largest logit (NaN skipped). `scratch` holds

@@ -229,10 +229,28 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   return t;
 }
 
+template <bool kFp8, int G, int T, int MB = 0>
+void allow_staged_silu() {
+  constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kSiluMul, MB>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 }  // namespace
 }  // namespace skinny
 
 using namespace skinny;  // this file's own helpers
+
+void configure_skinny() {
+  allow_staged_silu<false, 1, 1>();
+  allow_staged_silu<true, 1, 1>();
+  allow_staged_silu<true, 2, 1>();
+  allow_staged_silu<true, 3, 1>();
+  allow_staged_silu<true, 4, 1>();
+  allow_staged_silu<true, 5, 1>();
+  allow_staged_silu<true, 1, 2>();
+  allow_staged_silu<true, 1, 1, 3>();
+}
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro) {
@@ -284,9 +302,9 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     }
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
-  // Gate and up staged in shared memory where both fit the prologue's budget.
-  if (pro.kind == SkinnyPrologue::kSiluMul)
-    p.silu_staged = tune.stage == 2 && 2 * static_cast<size_t>(n) * K * sizeof(uint16_t) <= kFusedPrologueMaxBytes;
+  // Gate and up staged in shared memory at one row (configure_skinny lets the kernels take the
+  // doubled bytes); more rows are unmeasured and load them per vector.
+  if (pro.kind == SkinnyPrologue::kSiluMul) p.silu_staged = tune.variant == 1 && tune.stage == 2 && n == 1;
   if (fp8) {
     const Tensor& scale = w.parts[0].scale_inv;
     QVL_CHECK_EQ(w.block_size, kChunk) << "skinny_linear handles 128x128 FP8 blocks";
