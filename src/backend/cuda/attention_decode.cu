@@ -137,34 +137,6 @@ __device__ __forceinline__ int active_splits(int ctx, int len, int splits) {
   return max(1, min(splits, (ctx + len - 1) / len));
 }
 
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
 template <bool kFp8>
 __device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
@@ -609,7 +581,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (r == 0) stamp(p, 4);
     if (r == 0) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) ldsm_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
+      for (int ks = 0; ks < KS; ++ks)
+        ldmatrix_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
     }
     const char* kst = kv + (r % kStages) * 2 * kRound * pitch<HD>();
     const char* vst = kst + kRound * pitch<HD>();
@@ -626,8 +599,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];
-        ldsm_x4(a, krow + ks * 32 + (mi >> 1) * 16);
-        mma16816(s, a, qf[ks][0], qf[ks][1]);
+        ldmatrix_x4(a, krow + ks * 32 + (mi >> 1) * 16);
+        mma_m16n8k16(s, a, qf[ks][0], qf[ks][1]);
       }
       // Online softmax per head over this warp's keys (log2 domain).
       float mx[2];
@@ -669,7 +642,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       pw[(2 * t + 1) * 24 + g + 8] = __float2bfloat16_rn(pv[3]);
       __syncwarp();
       uint32_t pb[2];
-      ldsm_x2(pb, pw + (lane & 7) * 24 + ((lane >> 3) & 1) * 8);
+      ldmatrix_x2(pb, pw + (lane & 7) * 24 + ((lane >> 3) & 1) * 8);
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         o[m][0] *= alpha[0];
@@ -678,8 +651,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         o[m][3] *= alpha[1];
         uint32_t a[4];
         // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
-        ldsm_x4_t(a, vrow + m * 32 + (mi & 1) * 16);
-        mma16816(o[m], a, pb[0], pb[1]);
+        ldmatrix_x4_trans(a, vrow + m * 32 + (mi & 1) * 16);
+        mma_m16n8k16(o[m], a, pb[0], pb[1]);
       }
       __syncwarp();  // pw is rewritten next round
     }

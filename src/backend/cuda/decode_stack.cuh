@@ -67,18 +67,15 @@ constexpr int kDebugNoWait = 1, kDebugNoMath = 2, kDebugNoAttention = 4, kDebugN
 #else
 #define QVL_SM90(...)
 #endif
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)));
+  QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)));
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                         : "memory"));
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory"));
+  QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory"));
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   QVL_SM90(
@@ -87,15 +84,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
                    "WAIT_%=:\n"
                    "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                    "@!p bra WAIT_%=;\n"
-                   "}\n" ::"r"(smem_addr(bar)),
+                   "}\n" ::"r"(smem_u32(bar)),
                    "r"(parity)
                    : "memory"));
 }
 // Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   QVL_SM90(asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory"));
 }
 // The consumer warps' own barrier (the producer warp never joins it).

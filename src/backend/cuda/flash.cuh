@@ -79,46 +79,6 @@ constexpr size_t smem_bytes() {
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   bf162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -359,8 +319,8 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         ldmatrix_x4(b, kb + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * SK + ks * 16 + (mi & 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
-          mma(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+          mma_m16n8k16(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
+          mma_m16n8k16(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
         }
       }
     }
@@ -436,8 +396,8 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         ldmatrix_x4_trans(b, vb + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * SK + n * 8 + (mi >> 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma(o[mt][n], pf[mt][kk], b[0], b[1]);
-          mma(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
+          mma_m16n8k16(o[mt][n], pf[mt][kk], b[0], b[1]);
+          mma_m16n8k16(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
         }
       }
       if (D::NO % 2 == 1) {
@@ -445,7 +405,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         uint32_t b[2];
         ldmatrix_x2_trans(b, vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SK + n * 8);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma(o[mt][n], pf[mt][kk], b[0], b[1]);
+        for (int mt = 0; mt < MT; ++mt) mma_m16n8k16(o[mt][n], pf[mt][kk], b[0], b[1]);
       }
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch

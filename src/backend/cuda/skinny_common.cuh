@@ -218,11 +218,8 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  mma_m16n8k16(d, a, b0, b1);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
