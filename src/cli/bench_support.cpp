@@ -125,22 +125,20 @@ nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers) 
     for (const auto& [unit, e] : unit_entry) entry_spread.push_back(static_cast<double>(e.second - e.first) / 1e3);
     // The merge's steps after the unit's slowest partial: partial -> inbox complete ->
     // outputs written -> exit (every block's latest), and the same for the unit that ends last.
-    const int seq[4] = {6, 9, 11, 7};
+    auto push_gaps = [](const std::vector<uint64_t>& v, std::vector<std::vector<double>>& out) {
+      const int seq[4] = {6, 9, 11, 7};
+      for (int i = 0; i < 3; ++i)
+        out[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
+      out[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
+    };
     uint64_t last_exit = 0;
     const std::vector<uint64_t>* last_unit = nullptr;
     for (const auto& [unit, v] : unit_latest) {
       if (v[7] == 0 || v[9] == 0 || v[11] == 0) continue;  // no cluster merge
-      for (int i = 0; i < 3; ++i)
-        unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
-      unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
+      push_gaps(v, unit_gap);
       if (v[7] > last_exit) last_exit = v[7], last_unit = &v;
     }
-    if (last_unit) {
-      const std::vector<uint64_t>& v = *last_unit;
-      for (int i = 0; i < 3; ++i)
-        last_unit_gap[i].push_back((static_cast<double>(v[seq[i + 1]]) - static_cast<double>(v[seq[i]])) / 1e3);
-      last_unit_gap[3].push_back((static_cast<double>(v[6]) - static_cast<double>(v[2])) / 1e3);
-    }
+    if (last_unit) push_gaps(*last_unit, last_unit_gap);
     span.push_back((static_cast<double>(last_out) - static_cast<double>(first_in)) / 1e3);
     first_in_to_wait.push_back((static_cast<double>(first_wait) - static_cast<double>(first_in)) / 1e3);
     if (l + 1 < L) {

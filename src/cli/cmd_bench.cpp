@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -76,7 +77,7 @@ struct BenchOptions {
   bool no_graphs = false;
   int offload_layers = 0;
   bool profile = false;
-  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]]"
+  std::string skinny;  // "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]]"
   bool fused_decode = false;
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -135,19 +136,12 @@ Status run_bench(const BenchOptions& o) {
       std::stringstream in(o.skinny);
       std::string item;
       while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
-      if (v.empty() || v.size() > 9)
-        return invalid_argument(
-            "--cuda-skinny " + o.skinny +
-            ": expected variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]]");
-      opts.skinny_variant = v[0];
-      opts.skinny_depth = v.size() > 1 ? v[1] : 0;
-      opts.skinny_split = v.size() > 2 ? v[2] : 0;
-      opts.skinny_group = v.size() > 3 ? v[3] : 0;
-      opts.skinny_prewait = v.size() > 4 ? v[4] : 0;
-      opts.skinny_tiles = v.size() > 5 ? v[5] : 0;
-      opts.skinny_blocks = v.size() > 6 ? v[6] : 0;
-      opts.skinny_only_n = v.size() > 7 ? v[7] : 0;
-      opts.skinny_stage = v.size() > 8 ? v[8] : 0;
+      int* fields[] = {&opts.skinny.variant, &opts.skinny.depth,  &opts.skinny.split,  &opts.skinny.group,
+                       &opts.skinny.prewait, &opts.skinny.blocks, &opts.skinny.only_n, &opts.skinny.stage};
+      if (v.empty() || v.size() > std::size(fields))
+        return invalid_argument("--cuda-skinny " + o.skinny +
+                                ": expected variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]]");
+      for (size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
@@ -622,10 +616,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::IsMember({1, 2}));
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
-  app.add_option(
-      "--cuda-skinny", o->skinny,
-      "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,tiles[,blocks[,outputs[,stage]]]]]]]] "
-      "(benchmarks; outputs > 0: only Linears of that many outputs)");
+  app.add_option("--cuda-skinny", o->skinny,
+                 "Decode Linear kernel override: variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]] "
+                 "(benchmarks; outputs > 0: only Linears of that many outputs)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");
   app.add_option(

@@ -193,8 +193,8 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
     ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok());
     {
       CudaBackendOptions plain_opt, staged_opt;
-      plain_opt.skinny_stage = 1;
-      staged_opt.skinny_stage = 2;
+      plain_opt.skinny.stage = 1;
+      staged_opt.skinny.stage = 2;
       auto plain_be = make_cuda_backend(plain_opt);
       auto staged_be = make_cuda_backend(staged_opt);
       ASSERT_TRUE(plain_be.is_ok() && staged_be.is_ok());

@@ -36,9 +36,7 @@ Status CudaBackend::init() {
   ctx_.decode_split_blocks = std::clamp(options_.decode_split_blocks, 0, kDecodeSplitBlocks);
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
-  ctx_.skinny = {options_.skinny_variant, options_.skinny_depth,   options_.skinny_split,
-                 options_.skinny_group,   options_.skinny_prewait, options_.skinny_tiles,
-                 options_.skinny_blocks,  options_.skinny_only_n,  options_.skinny_stage};
+  ctx_.skinny = options_.skinny;
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
   QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
   if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {
@@ -59,11 +57,6 @@ Status CudaBackend::init() {
     QVL_CUDA_OK(cudaMemset(decode_trace_.data(), 0, bytes));
     ctx_.decode_trace = static_cast<unsigned long long*>(decode_trace_.data());
   }
-  // The measured crossover, in bytes rather than time: H100 between 8.4 MB (2B BF16, exit
-  // better) and 10.5 MB (4B FP8, keys done better); on an H200 4B FP8 measured keys-done better
-  // as well (2.615 against 2.680 ms), where 2.8 us of its bandwidth (13.4 MB) would have chosen
-  // the exit (see CudaBackendOptions::decode_attention_trigger).
-  early_launch_bytes_ = 9.4e6;
   skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
   if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {
     log_warn("CUDA backend: kernels left out or cut short for a measurement; every result is wrong");
@@ -364,7 +357,7 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
     double bytes = 0;
     if (next)
       for (const LinearPart& part : next->parts) bytes += part.weight.nbytes() + part.scale_inv.nbytes();
-    trigger = next == nullptr || bytes > early_launch_bytes_ ? 1 : 3;
+    trigger = next == nullptr || bytes > kEarlyLaunchBytes ? 1 : 3;
   }
   // Layer 0 writes the step table, the later layers of the same batch read it; at batch 1 only
   // (H100, medians of 3 per decode step: 2B BF16 -2.0%, 2B FP8 and 4B FP8 +-0.1% at batch 1; at

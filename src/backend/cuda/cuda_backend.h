@@ -48,6 +48,24 @@ enum class CudaFp8Gemm : uint8_t {
 // forced against transformers' dequantised model), W8A8 prefill gave a minimum logits cosine of
 // 0.99843 (the acceptance bar is 0.999; dequant: 0.99985) for a 1.9x faster prefill.
 
+// Which decode Linear kernel runs (skinny.cu), for benchmarks (qvl bench --cuda-skinny); 0 in a
+// field = the default for the shape. variant 1 = one 16-row tile per block, K over the 8 warps
+// (group = 128-column chunks a warp loads at once, prewait = groups loaded before the PDL wait,
+// 1 or 2); 2 = streaming warps (depth = chunks in flight per warp, split = warps sharing one row
+// tile's K).
+struct SkinnyTuning {
+  int variant = 0;
+  int depth = 0;
+  int split = 0;
+  int group = 0;
+  int prewait = 0;
+  int blocks = 0;  // one-tile kernel: 3 = three blocks per multiprocessor (FP8, group 1, up to 8 rows)
+  int only_n = 0;  // > 0: the fields above apply only to Linears of only_n outputs (others take the defaults)
+  // SiLU·mul prologue: 1 = gate and up loaded per vector, 2 = at one row, copied into shared
+  // memory by cp.async first (the default: 2B BF16 / 4B FP8 decode -2%).
+  int stage = 0;
+};
+
 struct CudaBackendOptions {
   int device = 0;
   // cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper; graph capture needs a fixed one).
@@ -119,18 +137,9 @@ struct CudaBackendOptions {
   // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
   // layer); results are the same either way up to the fp32 summation order of RMSNorm.
   bool fuse_prologues = true;
-  // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny): 0 = per-shape
-  // defaults; 1 = one-tile blocks (group, prewait, tiles: 16-row tiles per block); 2 = streaming
-  // warps (depth, split); 0 = default.
-  int skinny_variant = 0;
-  int skinny_depth = 0;
-  int skinny_split = 0;
-  int skinny_group = 0;
-  int skinny_prewait = 0;
-  int skinny_tiles = 0;
-  int skinny_blocks = 0;
-  int skinny_only_n = 0;
-  int skinny_stage = 0;
+  // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny); all 0: the per-shape
+  // defaults.
+  SkinnyTuning skinny;
   // Experimental, off: a decode step of one sequence runs the whole decoder stack as one
   // persistent kernel (decode_stack.cu, sm_90+) instead of layer by layer. Correct (GPU tests),
   // but slower so far on an H100 (2B BF16 2.15 against 2.0 ms per step; see

@@ -232,8 +232,11 @@ class CudaBackend final : public Backend {
   TextAttentionShape step_shape_;
   // Weight bytes of the Linear after a one-sequence decode attention above which the attention
   // lets it launch once its keys are done (its weights stream during the attention's merge);
-  // below, at the attention's exit (CudaBackendOptions::decode_attention_trigger).
-  double early_launch_bytes_ = 0;
+  // below, at the attention's exit (CudaBackendOptions::decode_attention_trigger). The measured
+  // crossover, in bytes rather than time: H100 between 8.4 MB (2B BF16, exit better) and 10.5 MB
+  // (4B FP8, keys done better); on an H200 4B FP8 measured keys-done better as well (2.615
+  // against 2.680 ms), where 2.8 us of its bandwidth (13.4 MB) would have chosen the exit.
+  static constexpr double kEarlyLaunchBytes = 9.4e6;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;

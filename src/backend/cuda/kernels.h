@@ -52,25 +52,6 @@ class OpProfiler {
   double bytes_ = 0, flops_ = 0;
 };
 
-// Which decode Linear kernel runs (skinny.cu): 0 = the default for the shape. Benchmarks set it
-// to compare: variant 1 = one 16-row tile per block, K over the 8 warps (group = 128-column
-// chunks a warp loads at once, prewait = groups loaded before the PDL wait, 1 or 2; tiles = row
-// tiles per block); 2 =
-// streaming warps (depth = chunks in flight per warp, split = warps sharing one row tile's K).
-struct SkinnyTuning {
-  int variant = 0;
-  int depth = 0;
-  int split = 0;
-  int group = 0;
-  int prewait = 0;
-  int tiles = 0;   // one-tile kernel: 16-row tiles per block (1, or 2 for FP8 up to 8 rows)
-  int blocks = 0;  // one-tile kernel: 3 = three blocks per multiprocessor (FP8, group 1, one tile, up to 8 rows)
-  int only_n = 0;  // > 0: the fields above apply only to Linears of only_n outputs (others take the defaults)
-  // SiLU·mul prologue: 1 = gate and up loaded per vector, 2 = at one row, copied into shared
-  // memory by cp.async first (the default: 2B BF16 / 4B FP8 decode -2%).
-  int stage = 0;
-};
-
 // Measurement only (CudaBackendOptions::skip_kernels): launches to leave out, by kernel name and,
 // where grid_x > 0, grid.x. Every result is wrong while any is set.
 struct SkipRule {

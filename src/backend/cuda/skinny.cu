@@ -7,49 +7,41 @@ namespace qvl::cuda {
 namespace skinny {
 namespace {
 
-// A warp's chunk group c: chunks c, c + kWarps, ..., c + kWarps (G - 1) of each of the block's T
-// row tiles, with their FP8 block scales of rows ra[r] and rb[r] (loaded with the weights, so that
-// no scale load waits after the math).
-template <bool kFp8, int G, int T>
+// A warp's chunk group c: chunks c, c + kWarps, ..., c + kWarps (G - 1), with their FP8 block
+// scales of rows ra and rb (loaded with the weights, so that no scale load waits after the math).
+template <bool kFp8, int G>
 struct Group {
-  uint4 w[G][T][2 * Chunk<kFp8>::kSteps];
-  float sa[G][T], sb[G][T];
+  uint4 w[G][2 * Chunk<kFp8>::kSteps];
+  float sa[G], sb[G];
 };
 
 // Loads group c: chunks past the end are zeros and cost no load.
-template <bool kFp8, int G, int T>
-__device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, const int (&ra)[T],
-                                           const int (&rb)[T], int t, Group<kFp8, G, T>& grp) {
+template <bool kFp8, int G>
+__device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, int ra, int rb, int t,
+                                           Group<kFp8, G>& grp) {
 #pragma unroll
   for (int i = 0; i < G; ++i) {
     const int ci = c + i * kWarps;
-#pragma unroll
-    for (int r = 0; r < T; ++r) {
-      load_weights<kFp8>(p, ci, ra[r], rb[r], t, grp.w[i][r]);
-      if (kFp8 && ci < nchunks) {
-        grp.sa[i][r] = block_scale(p, ra[r], ci);
-        grp.sb[i][r] = block_scale(p, rb[r], ci);
-      }
+    load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
+    if (kFp8 && ci < nchunks) {
+      grp.sa[i] = block_scale(p, ra, ci);
+      grp.sb[i] = block_scale(p, rb, ci);
     }
   }
 }
 
-// acc[r] += the group's partial sums of tile r, each chunk times its block scale (FP8), in chunk
-// order (so a tile's sums do not depend on T).
-template <bool kFp8, int G, int T, int NT, int PRO>
+// acc += the group's partial sums, each chunk times its block scale (FP8), in chunk order.
+template <bool kFp8, int G, int NT, int PRO>
 __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int nchunks, int t, int g,
-                                              const Group<kFp8, G, T>& grp, const PrologueSmem& pro_smem,
-                                              float (&acc)[T][NT][4]) {
+                                              const Group<kFp8, G>& grp, const PrologueSmem& pro_smem,
+                                              float (&acc)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < G; ++i) {
     const int ci = c + i * kWarps;
     if (ci >= nchunks) break;
-#pragma unroll
-    for (int r = 0; r < T; ++r) {
-      float part[NT][4];
-      chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i][r], pro_smem, part);
-      accumulate_scaled(acc[r], part, kFp8 ? grp.sa[i][r] : 1.0f, kFp8 ? grp.sb[i][r] : 1.0f);
-    }
+    float part[NT][4];
+    chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
+    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
   }
 }
 
@@ -59,77 +51,65 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // at most two groups (K <= 2048 BF16, 4096 FP8) has its weights on the way while the previous
 // kernel finishes. FP8 groups of 3-5 chunks (one block per multiprocessor) put a long K's whole
 // share on the way before the wait, for grids that leave no second block per multiprocessor
-// anyway. T = 16-row tiles per block: FP8 blocks of two tiles carry a BF16 block's bytes (a
-// block's time is mostly the latency of its one round of loads, so bytes per block set the
-// kernel's rate). Neither changes the order of any sum: the bits are those of G = T = 1.
-// MB > 0: at least MB blocks per multiprocessor (3: FP8 one-tile groups of one chunk, whose
-// registers then leave room for a third block's loads).
-template <bool kFp8, int G, int T, int NT, int PRO, int MB = 0>
-__global__ void __launch_bounds__(kWarps * 32, MB > 0                  ? MB
-                                               : NT <= 2 && G * T <= 2 ? 2
-                                                                       : 1)
+// anyway; G does not change the order of any sum. MB > 0: at least MB blocks per
+// multiprocessor (3: FP8 groups of one chunk, whose registers then leave room for a third
+// block's loads; a block's time is mostly the latency of its round of loads, and an FP8 block
+// carries half a BF16 block's bytes).
+template <bool kFp8, int G, int NT, int PRO, int MB = 0>
+__global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
+                                               : NT <= 2 && G <= 2 ? 2
+                                                                   : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
   constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
-  constexpr int kBlockRows = kRows * T;
-  __shared__ float red[kWarps][kBlockRows][NT * 8 + 1];
+  __shared__ float red[kWarps][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kBlockRows;
+  const int row0 = blockIdx.x * kRows;
   // Rows past N re-read row N-1 (in bounds); their results are never stored.
-  int ra[T], rb[T];
-#pragma unroll
-  for (int r = 0; r < T; ++r) {
-    ra[r] = min(row0 + r * kRows + g, p.N - 1);
-    rb[r] = min(row0 + r * kRows + g + 8, p.N - 1);
-  }
+  const int ra = min(row0 + g, p.N - 1), rb = min(row0 + g + 8, p.N - 1);
   const int nchunks = (p.K + kChunk - 1) / kChunk;
 
-  float acc[T][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int r = 0; r < T; ++r)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  Group<kFp8, G, T> wa, wb;
+  Group<kFp8, G> wa, wb;
   int c = warp;
   // Weights are never written by a kernel: safe before the wait.
-  load_group<kFp8, G, T>(p, c, nchunks, ra, rb, t, wa);
-  if (prewait > 1) load_group<kFp8, G, T>(p, c + kStride, nchunks, ra, rb, t, wb);
+  load_group<kFp8, G>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO>(p, pro_smem, pw);
-  if (prewait <= 1) load_group<kFp8, G, T>(p, c + kStride, nchunks, ra, rb, t, wb);
+  if (prewait <= 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
-    consume_group<kFp8, G, T, NT, PRO>(p, c, nchunks, t, g, wa, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, T>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wa, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
-    consume_group<kFp8, G, T, NT, PRO>(p, c, nchunks, t, g, wb, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, T>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wb, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 
-  // C fragment: acc[r][j][0..1] = row g of tile r, tokens 8j+2t, 8j+2t+1; acc[r][j][2..3] = row g+8.
+  // C fragment: acc[j][0..1] = rows g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g+8.
 #pragma unroll
-  for (int r = 0; r < T; ++r) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      red[warp][r * kRows + g][j * 8 + 2 * t] = acc[r][j][0];
-      red[warp][r * kRows + g][j * 8 + 2 * t + 1] = acc[r][j][1];
-      red[warp][r * kRows + g + 8][j * 8 + 2 * t] = acc[r][j][2];
-      red[warp][r * kRows + g + 8][j * 8 + 2 * t + 1] = acc[r][j][3];
-    }
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][j * 8 + 2 * t] = acc[j][0];
+    red[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
+    red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kBlockRows * p.n; idx += kWarps * 32) {
-    const int tok = idx / kBlockRows, r = idx % kBlockRows;
+  for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
+    const int tok = idx / kRows, r = idx % kRows;
     const int row = row0 + r;
     if (row >= p.N) continue;
     float v = 0.0f;
@@ -139,39 +119,35 @@ __global__ void __launch_bounds__(kWarps * 32, MB > 0                  ? MB
   }
 }
 
-template <bool kFp8, int G, int T, int MB = 0>
+template <bool kFp8, int G, int MB = 0>
 void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
-  const dim3 grid(ceil_div(p.N, kRows * T)), block(kWarps * 32);
-  const int nt = (p.n + 7) / 8;
+  const dim3 grid(ceil_div(p.N, kRows)), block(kWarps * 32);
+  auto go = [&](const char* name, auto kernel, size_t smem) {
+    launch(ctx, name, kernel, grid, block, smem, p, prewait);
+  };
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      launch(ctx, "skinny_linear+rms_norm", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kRmsNorm, MB>, grid, block,
-             prologue_bytes(p), p, prewait);
+      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB>, prologue_bytes(p));
     else
-      launch(ctx, "skinny_linear+silu_mul", skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kSiluMul, MB>, grid, block,
-             prologue_bytes(p), p, prewait);
+      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>, prologue_bytes(p));
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (T > 1 || G > 2 || MB > 0) {
-    QVL_CHECK_LE(p.n, 8) << "skinny_linear: " << T << " row tiles, groups of " << G << ", " << MB
+  if constexpr (G > 2 || MB > 0) {
+    QVL_CHECK_LE(p.n, 8) << "skinny_linear: groups of " << G << ", " << MB
                          << " blocks per multiprocessor take at most 8 rows";
-    launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, T, 1, kN, MB>, grid, block, 0, p, prewait);
+    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB>, 0);
   } else {
-    switch (nt) {
+    switch ((p.n + 7) / 8) {
       case 1:
-        launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 1, 1, kN>, grid, block, 0, p, prewait);
-        break;
+        return go("skinny_linear", skinny_kernel<kFp8, G, 1, kN>, 0);
       case 2:
-        launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 1, 2, kN>, grid, block, 0, p, prewait);
-        break;
+        return go("skinny_linear", skinny_kernel<kFp8, G, 2, kN>, 0);
       case 3:
-        launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 1, 3, kN>, grid, block, 0, p, prewait);
-        break;
+        return go("skinny_linear", skinny_kernel<kFp8, G, 3, kN>, 0);
       case 4:
-        launch(ctx, "skinny_linear", skinny_kernel<kFp8, G, 1, 4, kN>, grid, block, 0, p, prewait);
-        break;
+        return go("skinny_linear", skinny_kernel<kFp8, G, 4, kN>, 0);
       default:
         QVL_CHECK(false) << "skinny_linear: " << p.n << " rows (at most " << kSkinnyMaxRows << ")";
     }
@@ -199,27 +175,24 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // group 1 (80 registers). Measured (qvl bench A/B, H100): 2B FP8 decode -6% at batch 1 and
     // -5% at 8, 4B FP8 -3% / -6%; 2B's qkv at 8 rows, o_proj and the K = 4096 / 9728 Linears
     // were slower with it. FP8 at one row where one-tile blocks leave no second block per
-    // multiprocessor: groups that put the whole K on the way before the wait (2B down). Two-tile
-    // blocks are a bench override. Forced tiles 2, groups over 2 and 3 blocks apply to FP8
-    // Linears of at most 8 rows; other Linears keep one tile and group 1 (BF16) or at most 2.
+    // multiprocessor: groups that put the whole K on the way before the wait (2B down). Forced
+    // groups over 2 and 3 blocks apply to FP8 Linears of at most 8 rows; other Linears keep
+    // group 1 (BF16) or at most 2.
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
-    const bool fp8_few = fp8 && p.n <= 8, fp8_one = fp8 && p.n == 1;
-    const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
-    if (t.tiles == 0) t.tiles = 1;
-    if (t.blocks == 0 && t.group == 0 && t.tiles == 1 && fp8_few && nchunks <= 3 * kWarps &&
+    const bool fp8_few = fp8 && p.n <= 8;
+    if (t.blocks == 0 && t.group == 0 && fp8_few && nchunks <= 3 * kWarps &&
         (tiles > 2 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
       t.blocks = 3;
-    // Two tiles double the block's reduction buffer: with a prologue of over 32 KiB (counted as
-    // staged) they would pass the 48 KiB a block gets without opting in.
-    if (!fp8_few || (p.src != nullptr && 2 * prologue_bytes(p) > (32u << 10))) t.tiles = 1;
-    if (t.blocks == 3 && !(fp8_few && t.tiles == 1)) t.blocks = 0;
+    if (!fp8_few) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
-    if (t.group == 0) t.group = !fp8_one || t.tiles == 2 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
+    if (t.group == 0) {
+      const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
+      t.group = !fp8 || p.n > 1 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
+    }
     if (!fp8_few) t.group = std::min(t.group, fp8 ? 2 : 1);
     if (t.prewait == 0) t.prewait = p.n == 1 ? 2 : 1;
     QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.group == 1 || fp8) && (t.prewait == 1 || t.prewait == 2))
         << "skinny group " << t.group << ", prewait " << t.prewait;
-    QVL_CHECK(t.tiles == 1 || (t.tiles == 2 && t.group == 1)) << "skinny tiles " << t.tiles << " (2: group 1)";
     QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
     return t;
   }
@@ -229,10 +202,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   return t;
 }
 
-template <bool kFp8, int G, int T, int MB = 0>
+template <bool kFp8, int G, int MB = 0>
 void allow_staged_silu() {
   constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, T, 1, SkinnyPrologue::kSiluMul, MB>,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
@@ -242,14 +215,13 @@ void allow_staged_silu() {
 using namespace skinny;  // this file's own helpers
 
 void configure_skinny() {
-  allow_staged_silu<false, 1, 1>();
-  allow_staged_silu<true, 1, 1>();
-  allow_staged_silu<true, 2, 1>();
-  allow_staged_silu<true, 3, 1>();
-  allow_staged_silu<true, 4, 1>();
-  allow_staged_silu<true, 5, 1>();
-  allow_staged_silu<true, 1, 2>();
-  allow_staged_silu<true, 1, 1, 3>();
+  allow_staged_silu<false, 1>();
+  allow_staged_silu<true, 1>();
+  allow_staged_silu<true, 2>();
+  allow_staged_silu<true, 3>();
+  allow_staged_silu<true, 4>();
+  allow_staged_silu<true, 5>();
+  allow_staged_silu<true, 1, 3>();
 }
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
@@ -317,21 +289,19 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   }
   if (tune.variant == 1) {
     if (!fp8)
-      launch_nt<false, 1, 1>(ctx, p, pro.kind, tune.prewait);
-    else if (tune.tiles == 2)
-      launch_nt<true, 1, 2>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
-      launch_nt<true, 1, 1, 3>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 5)
-      launch_nt<true, 5, 1>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 5>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 4)
-      launch_nt<true, 4, 1>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 4>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 3)
-      launch_nt<true, 3, 1>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 2)
-      launch_nt<true, 2, 1>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 2>(ctx, p, pro.kind, tune.prewait);
     else
-      launch_nt<true, 1, 1>(ctx, p, pro.kind, tune.prewait);
+      launch_nt<true, 1>(ctx, p, pro.kind, tune.prewait);
   } else {
     fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
         : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);

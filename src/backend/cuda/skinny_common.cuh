@@ -112,6 +112,16 @@ __device__ __forceinline__ void prefetch_prologue(const SkinnyParams& p, Prologu
   }
 }
 
+// SiLU·mul of 8 gate and 8 up values as the unfused op writes it: bf16(bf16(silu(g)) * u).
+__device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
+  float g[8], u[8];
+  unpack8(gate, g);
+  unpack8(up, u);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
+  return pack8(g);
+}
+
 // Runs after grid_dep_wait: fills prologue_x with x exactly as the unfused op writes it
 // (RMSNorm: bf16(w * bf16(x * rstd)); SiLU·mul: bf16(bf16(silu(g)) * u)) and writes this
 // block's share of x to global memory (blocks split the n*K/8 vectors evenly), so x ends up
@@ -189,12 +199,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
       }
       cp_async_wait_all();
       for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
-        float g[8], u[8];
-        unpack8(prologue_x[i], g);
-        unpack8(up[i], u);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
-        const uint4 x = pack8(g);
+        const uint4 x = silu_mul8(prologue_x[i], up[i]);
         prologue_x[i] = x;
         if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
@@ -202,12 +207,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
       for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
         const int tok = i / kv, k = (i % kv) * 8;
         const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
-        float g[8], u[8];
-        unpack8(load16(row + k), g);
-        unpack8(load16(row + p.K + k), u);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) g[e] = bf16_round(silu(g[e])) * u[e];
-        const uint4 x = pack8(g);
+        const uint4 x = silu_mul8(load16(row + k), load16(row + p.K + k));
         prologue_x[i] = x;
         if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
