@@ -365,6 +365,58 @@ TEST(GpuOps, LinearSkinnyFp8BlockShapes) {
   }
 }
 
+// The bulk-copy ring kernel (SkinnyTuning::variant 3, sm_90+), forced: against the CPU oracle,
+// and the same bits as the default kernels. Whole tiles and row segments of 8, 16 and 32 chunks
+// (ending mid-K at K = 2560, 9728 and in a short chunk at 1008), rings of 2 stages that wrap many
+// times, one and two blocks per multiprocessor; N = 300, 584 and 48 end in a partial tile (whole
+// tiles leave its missing rows uncopied); 1, 5 and 8 rows.
+TEST(GpuOps, LinearSkinnyRing) {
+  QVL_REQUIRE_CUDA();
+  if (!is_sm90()) GTEST_SKIP() << "the ring kernel needs sm_90 (cp.async.bulk)";
+  const auto none = Activation::kNone;
+  const std::vector<Case> cases = {
+      {1, 2048, {2048}, true, false, none, 0},
+      {1, 1008, {300}, true, true, Activation::kGeluTanh, 0},  // short last chunk, bias
+      {1, 2560, {384, 200}, true, false, none, 2},             // stacked parts, in-place residual
+      {1, 9728, {48}, true, false, none, 1},                   // 76 chunks
+      {8, 2048, {1024}, true, false, none, 0},
+      {5, 2560, {300}, true, false, none, 1},
+      {1, 2048, {2048, 1024, 1024}, false, false, none, 0},
+      {1, 6144, {272}, false, false, none, 2},
+      {1, 1000, {64, 64}, false, false, none, 0},  // K % 128 != 0
+      {8, 2048, {512}, false, true, none, 1},
+  };
+  struct Ring {
+    int depth, mode, group, blocks;
+  };
+  // mode 1: whole tiles (K = 9728 does not fit two: rows), 2: row segments of 8 * group chunks.
+  for (const Ring r :
+       {Ring{0, 0, 0, 1}, Ring{0, 1, 0, 1}, Ring{2, 1, 0, 2}, Ring{2, 2, 1, 1}, Ring{0, 2, 4, 1}, Ring{3, 2, 2, 2}}) {
+    CudaBackendOptions o;
+    o.skinny.variant = 3;
+    o.skinny.depth = r.depth;
+    o.skinny.split = r.mode;
+    o.skinny.group = r.group;
+    o.skinny.blocks = r.blocks;
+    auto ring = make_cuda_backend(o);
+    ASSERT_TRUE(ring.is_ok()) << ring.status().to_string();
+    SCOPED_TRACE("depth " + std::to_string(r.depth) + " mode " + std::to_string(r.mode) + " group " +
+                 std::to_string(r.group) + " blocks " + std::to_string(r.blocks));
+    for (const Case& c : cases) {
+      SCOPED_TRACE(describe(c));
+      const std::mt19937 seed = rng();
+      std::vector<float> a, b;
+      run_case(c, *cuda(), Expect::kAny, &a);
+      rng() = seed;  // the same weights and inputs for both
+      run_case(c, **ring, Expect::kAny, &b);
+      ASSERT_EQ(a.size(), b.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << "of " << a.size() << " outputs differ between the default kernels and the ring";
+    }
+  }
+}
+
 // FP8 Linears over more than 128 rows on sm_90: the W8A8 path (quantised activations,
 // block-scaled cuBLASLt) against the host doing the same quantisation and exact dot products.
 // Row counts 1..5 past the skinny passes and 802 (a 4B prefill) leave 1..7 rows to the tail

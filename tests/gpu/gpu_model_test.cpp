@@ -181,7 +181,8 @@ TEST(GpuModel, FusedDecodeStackMatchesTheOracleAndTheLayerByLayerPath) {
 
 // The down Linear's SiLU·mul prologue with gate and up staged in shared memory by cp.async
 // (SkinnyTuning::stage 2, the default) gives the decode logits of the prologue that loads them
-// per vector (stage 1) bit for bit, BF16 and FP8, and both match the oracle.
+// per vector (stage 1) bit for bit, BF16 and FP8, and both match the oracle; so does the
+// bulk-copy ring kernel (SkinnyTuning::variant 3) with both prologues.
 TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
   QVL_REQUIRE_CUDA();
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
@@ -192,20 +193,30 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
     gen.max_shard_bytes = kTinyMaxShardBytes;
     ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok());
     {
-      CudaBackendOptions plain_opt, staged_opt;
+      CudaBackendOptions plain_opt, staged_opt, ring_opt;
       plain_opt.skinny.stage = 1;
       staged_opt.skinny.stage = 2;
+      ring_opt.skinny.variant = 3;  // the bulk-copy ring (sm_90; elsewhere the defaults again)
       auto plain_be = make_cuda_backend(plain_opt);
       auto staged_be = make_cuda_backend(staged_opt);
-      ASSERT_TRUE(plain_be.is_ok() && staged_be.is_ok());
+      auto ring_be = make_cuda_backend(ring_opt);
+      ASSERT_TRUE(plain_be.is_ok() && staged_be.is_ok() && ring_be.is_ok());
       Loaded c = load(cpu(), dir, cfg), plain = load(**plain_be, dir, cfg), staged = load(**staged_be, dir, cfg);
-      ASSERT_TRUE(c.model && plain.model && staged.model);
+      Loaded ring = load(**ring_be, dir, cfg);
+      ASSERT_TRUE(c.model && plain.model && staged.model && ring.model);
       const int n = 40;
       const std::vector<float> a = run_decode(*plain.model, n), b = run_decode(*staged.model, n);
+      const std::vector<float> r = run_decode(*ring.model, n);
       ASSERT_EQ(a.size(), b.size());
-      int64_t differ = 0;
-      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      ASSERT_EQ(a.size(), r.size());
+      int64_t differ = 0, differ_ring = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        differ_ring += std::memcmp(&b[i], &r[i], sizeof(float)) != 0;
+      }
       EXPECT_EQ(differ, 0) << preset << ": of " << a.size() << " logits differ between staged and loaded prologues";
+      EXPECT_EQ(differ_ring, 0) << preset << ": of " << a.size() << " logits differ between the default kernels and "
+                                << "the ring";
       EXPECT_TRUE(compare("decode logits, staged prologues", preset, b, run_decode(*c.model, n), tol::kGpuModelLogits));
     }
     std::filesystem::remove_all(dir);

@@ -6,7 +6,7 @@
 // bandwidth ceilings. Each configuration's output is compared with the first configuration's.
 //
 // Build (here, against a pack.sh build):   tools/bench/build_gemv_sweep.sh
-// Run (GPU machine):                       build-dev/gemv_sweep [--quick]
+// Run (GPU machine):                       build-dev/gemv_sweep [--quick] [--ring]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,7 +75,11 @@ struct Shape {
 };
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, ring_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    ring_only |= std::strcmp(argv[i], "--ring") == 0;
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gemv_sweep on %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -139,8 +143,20 @@ int main(int argc, char** argv) {
                                        {1, 0, 0, 4, 2}, {1, 0, 0, 5, 2}, {1, 0, 0, 0, 0, 3}};
   for (int split : {1, 2, 4, 8})
     for (int d : {2, 3}) configs.push_back({2, d, split});  // FP8: depth 4, 6
-  configs.push_back({0, 0, 0});                             // the default choice for the shape
-  const std::vector<int> rows = quick ? std::vector<int>{1} : std::vector<int>{1, 8, 32};
+  // The bulk-copy ring (variant 3): depth (0: the default), group (chunks per warp per stage),
+  // blocks per multiprocessor. --ring: only these, after the default one-tile kernel.
+  // variant 3: depth, split = mode (1 whole tiles, 2 row segments), group, -, blocks.
+  const std::vector<SkinnyTuning> ring = {{3, 0, 0, 0, 0, 1}, {3, 0, 1, 0, 0, 1}, {3, 3, 1, 0, 0, 1},
+                                          {3, 0, 2, 0, 0, 1}, {3, 0, 2, 2, 0, 1}, {3, 0, 2, 4, 0, 1},
+                                          {3, 0, 0, 0, 0, 2}, {3, 2, 1, 0, 0, 2}};
+  if (ring_only) configs.resize(1);
+  configs.insert(configs.end(), ring.begin(), ring.end());
+  configs.push_back({0, 0, 0});  // the default choice for the shape
+  const int ring_smem = prop.major >= 9 ? std::min(static_cast<int>(prop.sharedMemPerBlockOptin), 200 * 1024) : 0;
+  configure_skinny(ring_smem);
+  const std::vector<int> rows = quick       ? std::vector<int>{1}
+                                : ring_only ? std::vector<int>{1, 8}
+                                            : std::vector<int>{1, 8, 32};
 
   bf16 *x = nullptr, *out = nullptr, *ref = nullptr;
   float* scale = nullptr;
@@ -161,11 +177,12 @@ int main(int argc, char** argv) {
         double best_us = 1e30;
         std::string best;
         for (const SkinnyTuning& cfg : configs) {
-          if (!fp8 && (cfg.group >= 2 || cfg.blocks == 3)) continue;  // FP8 only
+          if (!fp8 && cfg.variant == 1 && (cfg.group >= 2 || cfg.blocks == 3)) continue;  // FP8 only
           LaunchContext ctx;
           ctx.stream = stream;
           ctx.pdl = true;
           ctx.num_sms = prop.multiProcessorCount;
+          ctx.ring_smem = ring_smem;
           ctx.skinny = cfg;
           if (fp8 && cfg.variant == 2 && cfg.depth) ctx.skinny.depth = cfg.depth == 2 ? 4 : 6;
           auto weight = [&](int copy) {

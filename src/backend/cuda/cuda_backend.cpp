@@ -48,7 +48,8 @@ Status CudaBackend::init() {
   QVL_CUDA_OK(cudaMemset(argmax_scratch(), 0, kArgmaxScratchBytes + kDecodeSplitBlocks * sizeof(uint32_t)));
   gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
   cuda::configure_vision_attention();
-  cuda::configure_skinny();
+  ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
+  cuda::configure_skinny(ctx_.ring_smem);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

@@ -52,7 +52,9 @@ enum class CudaFp8Gemm : uint8_t {
 // field = the default for the shape. variant 1 = one 16-row tile per block, K over the 8 warps
 // (group = 128-column chunks a warp loads at once, prewait = groups loaded before the PDL wait,
 // 1 or 2); 2 = streaming warps (depth = chunks in flight per warp, split = warps sharing one row
-// tile's K).
+// tile's K); 3 = the bulk-copy ring, sm_90+, at most 8 rows, FP8 with 128-row scale blocks
+// (depth = stages, split = 1 whole tiles / 2 row segments of 8 * group chunks, blocks per
+// multiprocessor; skinny_common.cuh RingTuning).
 struct SkinnyTuning {
   int variant = 0;
   int depth = 0;

@@ -77,6 +77,7 @@ struct LaunchContext {
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
+  int ring_smem = 0;               // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
 };
@@ -163,7 +164,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
 // kFusedPrologueMaxBytes of shared memory (per backend, before any launch).
-void configure_skinny();
+void configure_skinny(int ring_smem);
 
 // ---- argmax.cu ----
 // ids[r] = the first index of row r's largest logit (NaN skipped). `scratch` holds

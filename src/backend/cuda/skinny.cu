@@ -167,7 +167,20 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
   if (t.stage == 0) t.stage = 2;
   QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
+  // The bulk-copy ring takes at most 8 rows on sm_90+, FP8 with 128-row scale blocks; elsewhere
+  // its override gives way to the defaults.
+  if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.rows_per_scale != kChunk)))
+    t = SkinnyTuning{.stage = t.stage};
   const int64_t tiles = ceil_div(p.N, kRows);
+  if (t.variant == 0 && !fp8 && p.n <= 8 && ctx.ring_smem > 0) {
+    // BF16 up to 8 rows: the bulk-copy ring for whole 16-row tiles of at most 64 KB, at least
+    // four per multiprocessor (2B gate_up and lm_head). qvl bench A/B on an H100: 2B decode -2.4%
+    // at batch 1, -5.8% at 8 (bench/RESULTS.md). Elsewhere it measured slower or no faster:
+    // smaller grids (qkv, o_proj: o_proj's ring, one block per multiprocessor, no longer shares
+    // them with the attention before it, +5%), longer tiles (4B, 8B), and every FP8 Linear, whose
+    // dequantising consumers, 8 warps per multiprocessor, fall behind the stream.
+    if (kRows * 2LL * p.K <= 64 * 1024 && tiles >= 4LL * ctx.num_sms) t.variant = 3;
+  }
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
     // FP8 up to 8 rows, where a warp takes at most three chunks (K <= 3072) and the grid has
@@ -196,6 +209,11 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
     return t;
   }
+  if (t.variant == 3) {
+    // split = the ring's mode (RingTuning); 0 fields: launch_ring's defaults.
+    if (t.blocks == 0) t.blocks = 1;
+    return t;
+  }
   if (t.split == 0) t.split = tiles >= 4096 ? 1 : kWarps;
   if (t.depth == 0) t.depth = fp8 ? 4 : 2;
   QVL_CHECK(t.split == 1 || t.split == 2 || t.split == 4 || t.split == 8) << "skinny split " << t.split;
@@ -214,7 +232,8 @@ void allow_staged_silu() {
 
 using namespace skinny;  // this file's own helpers
 
-void configure_skinny() {
+void configure_skinny(int ring_smem) {
+  configure_ring(ring_smem);
   allow_staged_silu<false, 1>();
   allow_staged_silu<true, 1>();
   allow_staged_silu<true, 2>();
@@ -273,10 +292,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       QVL_CHECK_EQ(pro.src.row_numel(), 2 * K);
     }
   }
-  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
-  // Gate and up staged in shared memory at one row (configure_skinny lets the kernels take the
-  // doubled bytes); more rows are unmeasured and load them per vector.
-  if (pro.kind == SkinnyPrologue::kSiluMul) p.silu_staged = tune.variant == 1 && tune.stage == 2 && n == 1;
   if (fp8) {
     const Tensor& scale = w.parts[0].scale_inv;
     QVL_CHECK_EQ(w.block_size, kChunk) << "skinny_linear handles 128x128 FP8 blocks";
@@ -287,7 +302,15 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
   }
-  if (tune.variant == 1) {
+  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
+  // Gate and up staged in shared memory at one row (configure_skinny lets the kernels take the
+  // doubled bytes); more rows are unmeasured and load them per vector.
+  if (pro.kind == SkinnyPrologue::kSiluMul)
+    p.silu_staged = (tune.variant == 1 || tune.variant == 3) && tune.stage == 2 && n == 1;
+  if (tune.variant == 3) {
+    const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
+    fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);
+  } else if (tune.variant == 1) {
     if (!fp8)
       launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
