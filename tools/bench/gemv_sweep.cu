@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/skinny_common.cuh"
 
 using namespace qvl;
 using namespace qvl::cuda;
@@ -63,6 +63,21 @@ __global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+// skinny_common.cuh's e4m3 -> bf16 widening against the float conversion, for every byte pair.
+__global__ void widen_check_kernel(unsigned* mismatches) {
+  const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;  // < 65536
+  const uint32_t w = pair | (pair << 16);
+  const uint32_t lo = skinny::e4m3x2_to_bf16x2(w, skinny::kE4m3Lo), hi = skinny::e4m3x2_to_bf16x2(w, skinny::kE4m3Hi);
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t b = (w >> (8 * i)) & 0xff;
+    if ((b & 0x7f) == 0x7f) continue;  // NaN
+    const float f = fp8_e4m3_to_float_dev(b);
+    const uint16_t want = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    const uint16_t got = static_cast<uint16_t>((i < 2 ? lo : hi) >> (16 * (i & 1)));
+    if (got != want) atomicAdd(mismatches, 1u);
+  }
+}
+
 void fill(void* p, size_t n, int kind, uint32_t seed, float a) {
   fill_kernel<<<1024, 256>>>(p, n, kind, seed, a);
   CK(cudaGetLastError());
@@ -83,6 +98,16 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("gemv_sweep on %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  {
+    unsigned* d = nullptr;
+    unsigned h = 0;
+    CK(cudaMalloc(&d, 4));
+    CK(cudaMemset(d, 0, 4));
+    widen_check_kernel<<<256, 256>>>(d);
+    CK(cudaMemcpy(&h, d, 4, cudaMemcpyDeviceToHost));
+    std::printf("e4m3 -> bf16 widening: %u mismatches over all byte pairs\n", h);
+    CK(cudaFree(d));
+  }
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;

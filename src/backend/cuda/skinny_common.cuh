@@ -226,10 +226,16 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Two e4m3 bytes (selected by `sel` from w) -> one bf16x2, exact.
+// Two e4m3 bytes of w (bytes 0, 1 for sel kE4m3Lo, 2, 3 for kE4m3Hi) -> one bf16x2, exact. prmt
+// puts each byte b in the low byte of its half and b's sign, replicated, in the high byte (a
+// selector nibble with bit 3 set); shifted left by 4 and masked, each half is b's sign at bit 15
+// and its exponent and mantissa at bits 10..4: the bf16 whose value is e4m3(b) * 2^-120, which
+// the multiplication by 2^120 makes exact, subnormals included. Four instructions per pair.
+constexpr uint32_t kE4m3Lo = 0x9180u, kE4m3Hi = 0xB3A2u;
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
-  const uint32_t a = __byte_perm(w, 0u, sel);  // [0, b_lo, 0, b_hi]: each byte in a half's high byte
-  const uint32_t bits = ((a & 0x7f007f00u) >> 4) | (a & 0x80008000u);  // e4m3 value * 2^-120, as bf16
+  uint32_t a;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(a) : "r"(w), "r"(sel));  // [sign b_lo, b_lo, sign b_hi, b_hi]
+  const uint32_t bits = (a << 4) & 0x87f087f0u;                 // e4m3 value * 2^-120, as bf16
   const bf162 scaled = __hmul2(*reinterpret_cast<const bf162*>(&bits), __floats2bfloat162_rn(0x1p120f, 0x1p120f));
   return *reinterpret_cast<const uint32_t*>(&scaled);
 }
@@ -290,10 +296,10 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
       uint32_t wa[8], wb[8];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        wa[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s], i), 0x1404);
-        wa[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s], i), 0x3424);
-        wb[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), 0x1404);
-        wb[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), 0x3424);
+        wa[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s], i), kE4m3Lo);
+        wa[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s], i), kE4m3Hi);
+        wb[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), kE4m3Lo);
+        wb[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), kE4m3Hi);
       }
       // mma i covers physical columns 4i..4i+3 of the lane's 16.
 #pragma unroll
