@@ -301,6 +301,8 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_cols = static_cast<int>(scale.dim(1));
     p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
     QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
+    p.scale_row_shift = p.rows_per_scale == kChunk ? 7 : 0;
+    static_assert(kChunk == 1 << 7);
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
   // Gate and up staged in shared memory at one row (configure_skinny lets the kernels take the
