@@ -132,6 +132,49 @@ __device__ __forceinline__ void cluster_wait() {
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// ---- mbarriers and bulk copies (sm_90+; empty elsewhere, where the kernels that use them are
+// compiled out): decode_stack.cu's weight ring and skinny_ring.cu ----
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QVL_SM90(...) __VA_ARGS__
+#else
+#define QVL_SM90(...)
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                        : "memory"));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory"));
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  QVL_SM90(
+      asm volatile("{\n"
+                   ".reg .pred p;\n"
+                   "WAIT_%=:\n"
+                   "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                   "@!p bra WAIT_%=;\n"
+                   "}\n" ::"r"(smem_u32(bar)),
+                   "r"(parity)
+                   : "memory"));
+}
+// Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  QVL_SM90(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory"));
+}
+// The same for data read once: L2 evict-first.
+__device__ __forceinline__ void bulk_load_evict_first(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  QVL_SM90(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+          "r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(0x12F0000000000000ull)
+      : "memory"));
+}
 // 16 bytes global -> shared without registers (cp.async, sm_80+; a plain copy below), complete
 // for this thread after cp_async_wait_all (then a block barrier before other threads read them).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {

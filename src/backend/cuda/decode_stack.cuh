@@ -61,40 +61,8 @@ struct StackParams {
 };
 constexpr int kDebugNoWait = 1, kDebugNoMath = 2, kDebugNoAttention = 4, kDebugNoPrefetch = 8;
 
-// ---- small PTX wrappers (sm_90+; empty elsewhere, where the kernel body is compiled out) ----
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define QVL_SM90(...) __VA_ARGS__
-#else
-#define QVL_SM90(...)
-#endif
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  QVL_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  QVL_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                        : "memory"));
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  QVL_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory"));
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  QVL_SM90(
-      asm volatile("{\n"
-                   ".reg .pred p;\n"
-                   "WAIT_%=:\n"
-                   "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                   "@!p bra WAIT_%=;\n"
-                   "}\n" ::"r"(smem_u32(bar)),
-                   "r"(parity)
-                   : "memory"));
-}
-// Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  QVL_SM90(asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory"));
-}
+// ---- small PTX wrappers (sm_90+; empty elsewhere, where the kernel body is compiled out): the
+// mbarrier and bulk-copy ones are in cuda_common.cuh ----
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumer_sync() {
   QVL_SM90(asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"));

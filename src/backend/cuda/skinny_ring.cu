@@ -16,38 +16,9 @@
 namespace qvl::cuda::skinny {
 namespace {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define QVL_RING_SM90(...) __VA_ARGS__
-#else
-#define QVL_RING_SM90(...)
-#endif
-
-__device__ __forceinline__ void ring_bar_init(uint64_t* bar) {
-  QVL_RING_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory"));
-}
+// The barriers' initialisation, visible to the bulk copies (the async proxy).
 __device__ __forceinline__ void ring_init_fence() {
-  QVL_RING_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory"));
-}
-__device__ __forceinline__ void ring_expect(uint64_t* bar, uint32_t bytes) {
-  QVL_RING_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                             : "memory"));
-}
-__device__ __forceinline__ void ring_wait(uint64_t* bar, uint32_t parity) {
-  QVL_RING_SM90(
-      asm volatile("{\n\t.reg .pred p;\n"
-                   "WAIT_%=:\n\t"
-                   "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                   "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-                   "r"(parity)
-                   : "memory"));
-}
-// Global -> shared bulk copy completing on `bar` (bytes and both addresses multiples of 16).
-__device__ __forceinline__ void ring_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  QVL_RING_SM90(asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(0x12F0000000000000ull)  // evict-first: read once
-      : "memory"));
+  QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory"));
 }
 
 constexpr int kRingBudget = 104 * 1024;
@@ -104,25 +75,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       // Rows past N are not copied: their (stale) shared memory only feeds outputs never stored.
       const uint32_t bytes = static_cast<uint32_t>(min(kRows, p.N - row0) * row_bytes);
       if (lane == 0) {
-        ring_expect(&full[slot], bytes);
-        ring_copy(dst, src, bytes, &full[slot]);
+        mbar_expect_tx(&full[slot], bytes);
+        bulk_load_evict_first(dst, src, bytes, &full[slot]);
       }
       return;
     }
     const int64_t off = static_cast<int64_t>(seg) * L.seg_bytes;
     const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(L.seg_bytes), row_bytes - off));
-    if (lane == 0) ring_expect(&full[slot], bytes * kRows);
+    if (lane == 0) mbar_expect_tx(&full[slot], bytes * kRows);
     __syncwarp();
     if (lane < kRows) {
       const int row = min(row0 + lane, p.N - 1);  // rows past N re-read row N - 1, never stored
-      ring_copy(dst + lane * L.row_stride, static_cast<const char*>(p.w) + static_cast<int64_t>(row) * row_bytes + off,
-                bytes, &full[slot]);
+      bulk_load_evict_first(dst + lane * L.row_stride,
+                            static_cast<const char*>(p.w) + static_cast<int64_t>(row) * row_bytes + off, bytes,
+                            &full[slot]);
     }
   };
 
   if (threadIdx.x == 0) {
     for (int d = 0; d < depth; ++d) {
-      ring_bar_init(&full[d]);
+      mbar_init(&full[d], 1);
       done[d] = 0;
     }
     ring_init_fence();
@@ -149,7 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     const int slot = q % depth;
     const int ti = q / segs, seg = q - ti * segs;
     const int row0 = (blockIdx.x + ti * gridDim.x) * kRows;
-    ring_wait(&full[slot], (q / depth) & 1);
+    mbar_wait(&full[slot], (q / depth) & 1);
     const char* stage = ring + slot * L.stage_bytes;
     // Two chunks of the warp at a time (c and c + 8: independent until they join acc, in order),
     // so that one chunk's loads and conversions overlap the other's.
@@ -190,7 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     }
     last = __shfl_sync(0xffffffffu, last, 0);
     if (last && q + depth < total) {
-      QVL_RING_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+      QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
       issue(q + depth);
     }
     if (seg != segs - 1) continue;
