@@ -179,7 +179,12 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // smaller grids (qkv, o_proj: o_proj's ring, one block per multiprocessor, no longer shares
     // them with the attention before it, +5%), longer tiles (4B, 8B), and every FP8 Linear, whose
     // dequantising consumers, 8 warps per multiprocessor, fall behind the stream.
-    if (kRows * 2LL * p.K <= 64 * 1024 && tiles >= 4LL * ctx.num_sms) t.variant = 3;
+    // Only where two whole tiles fit beside the prologue (the measured layout: not on devices
+    // with ~100 KB of shared memory per block, where the ring would fall back to row segments).
+    const int64_t tile_bytes = kRows * 2LL * p.K;
+    if (tile_bytes <= 64 * 1024 && tiles >= 4LL * ctx.num_sms &&
+        2 * tile_bytes + 2LL * p.n * p.K + 4096 <= ctx.ring_smem)
+      t.variant = 3;
   }
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
