@@ -359,9 +359,8 @@ TEST(GpuOps, LinearSkinnyFp8BlockShapes) {
     rng() = seed;  // the same weights and inputs for both
     run_case(c, **three, Expect::kAny, &b);
     ASSERT_EQ(a.size(), b.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0) << "of " << a.size() << " outputs differ between two and three blocks per multiprocessor";
+    EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
+                                    << " outputs differ between two and three blocks per multiprocessor";
   }
 }
 
@@ -410,9 +409,8 @@ TEST(GpuOps, LinearSkinnyRing) {
       rng() = seed;  // the same weights and inputs for both
       run_case(c, **ring, Expect::kAny, &b);
       ASSERT_EQ(a.size(), b.size());
-      int64_t differ = 0;
-      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0) << "of " << a.size() << " outputs differ between the default kernels and the ring";
+      EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
+                                      << " outputs differ between the default kernels and the ring";
     }
   }
 }

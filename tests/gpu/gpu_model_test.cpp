@@ -209,14 +209,10 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
       const std::vector<float> r = run_decode(*ring.model, n);
       ASSERT_EQ(a.size(), b.size());
       ASSERT_EQ(a.size(), r.size());
-      int64_t differ = 0, differ_ring = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-        differ_ring += std::memcmp(&b[i], &r[i], sizeof(float)) != 0;
-      }
-      EXPECT_EQ(differ, 0) << preset << ": of " << a.size() << " logits differ between staged and loaded prologues";
-      EXPECT_EQ(differ_ring, 0) << preset << ": of " << a.size() << " logits differ between the default kernels and "
-                                << "the ring";
+      EXPECT_EQ(bits_differ(a, b), 0) << preset << ": of " << a.size()
+                                      << " logits differ between staged and loaded prologues";
+      EXPECT_EQ(bits_differ(b, r), 0) << preset << ": of " << a.size()
+                                      << " logits differ between the default kernels and the ring";
       EXPECT_TRUE(compare("decode logits, staged prologues", preset, b, run_decode(*c.model, n), tol::kGpuModelLogits));
     }
     std::filesystem::remove_all(dir);

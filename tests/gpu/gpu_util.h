@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -98,6 +99,13 @@ inline Pair ints(Scratch& s, std::initializer_list<int64_t> dims, const std::vec
 }
 
 // A device tensor's values as floats (F32 or BF16).
+// Elements of a and b (same size) whose bits differ.
+inline int64_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
 inline std::vector<float> download(Backend& be, const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.dtype == DType::kF32) {

@@ -163,7 +163,8 @@ inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
                           const Epilogue& ep, const SkinnyPrologue& pro = {});
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
-// kFusedPrologueMaxBytes of shared memory (per backend, before any launch).
+// kFusedPrologueMaxBytes of shared memory, and the ring kernels take up to ring_smem
+// (LaunchContext::ring_smem; 0: none), per backend, before any launch.
 void configure_skinny(int ring_smem);
 
 // ---- argmax.cu ----

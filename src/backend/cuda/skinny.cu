@@ -99,24 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
     c += kStride;
   }
 
-  // C fragment: acc[j][0..1] = rows g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g+8.
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    red[warp][g][j * 8 + 2 * t] = acc[j][0];
-    red[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
-    red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
-    red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
-    const int tok = idx / kRows, r = idx % kRows;
-    const int row = row0 + r;
-    if (row >= p.N) continue;
-    float v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += red[w][r][tok];
-    store_out(p, row, tok, v);
-  }
+  reduce_tile_and_store<NT>(p, red, acc, row0);
 }
 
 template <bool kFp8, int G, int MB = 0>
@@ -154,6 +137,19 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   }
 }
 
+// SiLU·mul's gate and up are staged in shared memory at one row (SkinnyTuning::stage 2) by the
+// one-tile and ring kernels; more rows are unmeasured and load them per vector.
+bool stages_silu(SkinnyPrologue::Kind pro, int stage, int n) {
+  return pro == SkinnyPrologue::kSiluMul && stage == 2 && n == 1;
+}
+
+// The prologue's shared memory in a ring launch of p.
+size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) {
+  if (pro == SkinnyPrologue::kNone) return 0;
+  p.silu_staged = stages_silu(pro, stage, p.n);
+  return prologue_bytes(p);
+}
+
 // The kernel for one shape: ctx.skinny's fields where set (benchmarks), else the defaults from
 // the decode-shape sweep on an H200 (tools/bench/gemv_sweep.cu): the one-tile blocks, which
 // issue their whole share of weights at once and are replaced block after block, beat the
@@ -163,13 +159,13 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
 // One-tile blocks of one row load two groups before the PDL wait, FP8 two chunks per group;
 // with more rows both cost time (qvl bench A/B on an H100, 2B / 2B FP8 / 4B FP8 decode step:
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
-SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8) {
+SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, SkinnyPrologue::Kind pro) {
   SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
   if (t.stage == 0) t.stage = 2;
   QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
   // The bulk-copy ring takes at most 8 rows on sm_90+, FP8 with 128-row scale blocks; elsewhere
   // its override gives way to the defaults.
-  if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.rows_per_scale != kChunk)))
+  if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.scale_row_shift != kChunkShift)))
     t = SkinnyTuning{.stage = t.stage};
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0 && !fp8 && p.n <= 8 && ctx.ring_smem > 0) {
@@ -179,11 +175,9 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // smaller grids (qkv, o_proj: o_proj's ring, one block per multiprocessor, no longer shares
     // them with the attention before it, +5%), longer tiles (4B, 8B), and every FP8 Linear, whose
     // dequantising consumers, 8 warps per multiprocessor, fall behind the stream.
-    // Only where two whole tiles fit beside the prologue (the measured layout: not on devices
-    // with ~100 KB of shared memory per block, where the ring would fall back to row segments).
-    const int64_t tile_bytes = kRows * 2LL * p.K;
-    if (tile_bytes <= 64 * 1024 && tiles >= 4LL * ctx.num_sms &&
-        2 * tile_bytes + 2LL * p.n * p.K + 4096 <= ctx.ring_smem)
+    // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB
+    // of shared memory per block, where the ring would fall back to row segments).
+    if (tiles >= 4LL * ctx.num_sms && ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage)))
       t.variant = 3;
   }
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
@@ -304,16 +298,13 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     QVL_CHECK_EQ(scale.dim(1), (K + kChunk - 1) / kChunk);
     p.scale = scale.as<float>();
     p.scale_cols = static_cast<int>(scale.dim(1));
-    p.rows_per_scale = scale.dim(0) == (N + kChunk - 1) / kChunk ? kChunk : 1;
-    QVL_CHECK(p.rows_per_scale == kChunk || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
-    p.scale_row_shift = p.rows_per_scale == kChunk ? 7 : 0;
-    static_assert(kChunk == 1 << 7);
+    const bool block_rows = scale.dim(0) == (N + kChunk - 1) / kChunk;
+    QVL_CHECK(block_rows || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
+    p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
-  const SkinnyTuning tune = choose_skinny(ctx, p, fp8);
-  // Gate and up staged in shared memory at one row (configure_skinny lets the kernels take the
-  // doubled bytes); more rows are unmeasured and load them per vector.
-  if (pro.kind == SkinnyPrologue::kSiluMul)
-    p.silu_staged = (tune.variant == 1 || tune.variant == 3) && tune.stage == 2 && n == 1;
+  const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
+  // configure_skinny lets the kernels take the doubled bytes.
+  p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
   if (tune.variant == 3) {
     const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
     fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);

@@ -32,6 +32,8 @@ namespace qvl::cuda::skinny {
 constexpr int kWarps = 8;
 constexpr int kRows = 16;
 constexpr int kChunk = 128;
+constexpr int kChunkShift = 7;  // log2(kChunk): FP8 scale blocks are kChunk rows tall
+static_assert(kChunk == 1 << kChunkShift);
 
 __device__ __forceinline__ uint4 load16(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
@@ -49,8 +51,9 @@ struct SkinnyParams {
   const void* w;       // [N, K] bf16 or fp8
   const float* scale;  // fp8: [*, scale_cols] dequantisation multipliers
   int scale_cols;
-  int rows_per_scale;    // 128 (block scales) or 1 (one scale row per weight row)
-  int scale_row_shift;   // log2(rows_per_scale): a shift where a division costs ~20 instructions
+  // Weight rows per scale row as a shift: kChunkShift (128-row blocks) or 0 (a scale row per
+  // weight row). A shift, where a division compiled to ~20 instructions per scale load.
+  int scale_row_shift;
   const bf16* x;         // [n, K]
   bf16* out;             // [n, N]
   const bf16* bias;      // [N] or null
@@ -362,6 +365,33 @@ __device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int to
   p.out[o] = __float2bfloat16_rn(v);
 }
 
+// The end of a 16-row tile: the 8 warps' partial sums meet in `red` (C fragment: acc[j][0..1] =
+// row g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g + 8), are added in warp order, and each
+// output is stored. Every thread of the block calls it (one barrier).
+template <int NT>
+__device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[kWarps][kRows][NT * 8 + 1],
+                                                      const float (&acc)[NT][4], int row0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][j * 8 + 2 * t] = acc[j][0];
+    red[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
+    red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
+    const int tok = idx / kRows, r = idx % kRows;
+    const int row = row0 + r;
+    if (row >= p.N) continue;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w][r][tok];
+    store_out(p, row, tok, v);
+  }
+}
+
 // Dynamic shared memory of a prologue launch: x, [n][K] BF16 (and up beside it when staged).
 inline size_t prologue_bytes(const SkinnyParams& p) {
   const size_t bytes = static_cast<size_t>(p.n) * p.K * sizeof(uint16_t);
@@ -384,6 +414,9 @@ struct RingTuning {
   int mode = 0;  // 1: whole 16-row tiles per stage (one copy), 2: row segments (16 copies), 0: whole tiles up to 64 KB
 };
 void configure_ring(int bytes);
+// Whether the ring's default layout (RingTuning{}) streams whole tiles: tiles of at most 64 KB,
+// two of which fit in ctx.ring_smem beside `pro_bytes` of prologue and the block scales.
+bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes);
 template <bool kFp8>
 void launch_ring(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, const RingTuning& rt);
 

@@ -166,50 +166,52 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       issue(q + depth);
     }
     if (seg != segs - 1) continue;
-    // The tile is complete: reduce the warps' partials (C fragment: acc[0][0..1] = row g, tokens
-    // 2t, 2t + 1; acc[0][2..3] = row g + 8) and store.
-    float(&r)[kWarps][kRows][9] = red[ti & 1];
-    r[warp][g][2 * t] = acc[0][0];
-    r[warp][g][2 * t + 1] = acc[0][1];
-    r[warp][g + 8][2 * t] = acc[0][2];
-    r[warp][g + 8][2 * t + 1] = acc[0][3];
+    // The tile is complete (red is double-buffered: one barrier per tile).
+    reduce_tile_and_store<1>(p, red[ti & 1], acc, row0);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
-      const int tok = idx / kRows, rr = idx % kRows;
-      const int row = row0 + rr;
-      if (row >= p.N) continue;
-      float v = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += r[w][rr][tok];
-      store_out(p, row, tok, v);
-    }
   }
 }
 
-// Tiles of at most this many bytes stream as whole tiles (one copy each).
+// Tiles of at most this many bytes stream as whole tiles by default (one copy each).
 constexpr int kWholeTileMax = 64 * 1024;
+
+// What a ring launch holds besides its stages: the grid, the prologue's x (the ring starts at
+// the next 128 bytes) and every block scale of a block's tiles (FP8).
+struct RingFixed {
+  int64_t tiles, grid;
+  int ring_offset, scale_bytes;
+};
+RingFixed ring_fixed(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int blocks) {
+  RingFixed f;
+  f.tiles = ceil_div(p.N, kRows);
+  f.grid = std::min<int64_t>(f.tiles, static_cast<int64_t>(blocks) * ctx.num_sms);
+  f.ring_offset = static_cast<int>((pro_bytes + 127) / 128 * 128);
+  f.scale_bytes = fp8 ? static_cast<int>(ceil_div(f.tiles, f.grid) * ceil_div(p.K, kChunk) * sizeof(float)) : 0;
+  return f;
+}
+// Whether two whole-tile stages (and their barriers) fit beside f.
+bool two_whole_tiles_fit(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, const RingFixed& f) {
+  const int64_t tile_bytes = static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2);
+  return f.ring_offset + 2 * (tile_bytes + 16) + f.scale_bytes <= ctx.ring_smem;
+}
 
 template <bool kFp8>
 void launch_ring_kernel(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro,
                         const RingTuning& rt) {
   constexpr int kEsize = kFp8 ? 1 : 2;
   QVL_CHECK(ctx.ring_smem > 0) << "skinny ring kernel: needs sm_90 or newer";
-  QVL_CHECK(!kFp8 || p.rows_per_scale == kChunk) << "skinny ring kernel: FP8 needs 128-row scale blocks";
+  QVL_CHECK(!kFp8 || p.scale_row_shift == kChunkShift) << "skinny ring kernel: FP8 needs 128-row scale blocks";
   QVL_CHECK_LE(p.n, 8) << "skinny ring kernel: at most 8 rows";
-  const int64_t tiles = ceil_div(p.N, kRows);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(rt.blocks) * ctx.num_sms)));
+  const RingFixed f = ring_fixed(ctx, p, kFp8, pro == SkinnyPrologue::kNone ? 0 : prologue_bytes(p), rt.blocks);
+  const dim3 grid(static_cast<unsigned>(f.grid));
   const dim3 block(kWarps * 32);
   const int row_bytes = p.K * kEsize;
-  const size_t pro_bytes = pro == SkinnyPrologue::kNone ? 0 : prologue_bytes(p);
-  const int64_t max_tiles = ceil_div(tiles, static_cast<int64_t>(grid.x));
-  const int scale_bytes = kFp8 ? static_cast<int>(max_tiles * ceil_div(p.K, kChunk) * sizeof(float)) : 0;
+  const int scale_bytes = f.scale_bytes;
   RingLayout L{};
-  L.ring_offset = static_cast<int>((pro_bytes + 127) / 128 * 128);
+  L.ring_offset = f.ring_offset;
   // Whole tiles where asked for (or, by default, up to kWholeTileMax) and two of them fit.
-  const bool two_tiles_fit =
-      static_cast<int64_t>(L.ring_offset) + 2 * (kRows * row_bytes + 16) + scale_bytes <= ctx.ring_smem;
-  L.whole_tiles = two_tiles_fit && (rt.mode == 1 || (rt.mode == 0 && kRows * row_bytes <= kWholeTileMax));
+  L.whole_tiles =
+      two_whole_tiles_fit(ctx, p, kFp8, f) && (rt.mode == 1 || (rt.mode == 0 && kRows * row_bytes <= kWholeTileMax));
   if (L.whole_tiles) {
     L.seg_bytes = L.row_stride = row_bytes;
   } else {
@@ -248,6 +250,11 @@ void allow_ring_smem(int bytes) {
 }
 
 }  // namespace
+
+bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes) {
+  const RingFixed f = ring_fixed(ctx, p, fp8, pro_bytes, RingTuning{}.blocks);
+  return static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2) <= kWholeTileMax && two_whole_tiles_fit(ctx, p, fp8, f);
+}
 
 void configure_ring(int bytes) {
   if (bytes <= 0) return;
