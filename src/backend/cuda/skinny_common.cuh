@@ -365,12 +365,10 @@ __device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int to
   p.out[o] = __float2bfloat16_rn(v);
 }
 
-// The end of a 16-row tile: the 8 warps' partial sums meet in `red` (C fragment: acc[j][0..1] =
-// row g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g + 8), are added in warp order, and each
-// output is stored. Every thread of the block calls it (one barrier).
+// A warp's partial sums into red[warp] (C fragment: acc[j][0..1] = row g, tokens 8j+2t,
+// 8j+2t+1; acc[j][2..3] = row g + 8).
 template <int NT>
-__device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[kWarps][kRows][NT * 8 + 1],
-                                                      const float (&acc)[NT][4], int row0) {
+__device__ __forceinline__ void write_partials(float (&red)[kWarps][kRows][NT * 8 + 1], const float (&acc)[NT][4]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -380,6 +378,14 @@ __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, flo
     red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
     red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
   }
+}
+
+// The end of a 16-row tile: the 8 warps' partial sums meet in `red`, are added in warp order,
+// and each output is stored. Every thread of the block calls it (one barrier).
+template <int NT>
+__device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[kWarps][kRows][NT * 8 + 1],
+                                                      const float (&acc)[NT][4], int row0) {
+  write_partials<NT>(red, acc);
   __syncthreads();
   for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
     const int tok = idx / kRows, r = idx % kRows;

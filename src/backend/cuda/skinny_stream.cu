@@ -90,14 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
           }
         }
       } else {
-        // C fragment: acc[j][0..1] = rows g, tokens 8j+2t, 8j+2t+1; acc[j][2..3] = row g+8.
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          red[warp][g][j * 8 + 2 * t] = acc[j][0];
-          red[warp][g][j * 8 + 2 * t + 1] = acc[j][1];
-          red[warp][g + 8][j * 8 + 2 * t] = acc[j][2];
-          red[warp][g + 8][j * 8 + 2 * t + 1] = acc[j][3];
-        }
+        write_partials<NT>(red, acc);
         __syncthreads();
         const int first_row = (row0 / kRows - wt) * kRows;  // the group's first row
         for (int idx = threadIdx.x; idx < tiles_per_group * kRows * p.n; idx += kWarps * 32) {
