@@ -27,6 +27,14 @@ struct Loaded {
   std::unique_ptr<Qwen3VLModel> model;
 };
 
+// A random checkpoint of cfg in dir, sharded like the tiny presets' fixtures.
+Status generate_tiny(const ModelConfig& cfg, uint64_t seed, const std::string& dir) {
+  GenModelOptions gen;
+  gen.seed = seed;
+  gen.max_shard_bytes = kTinyMaxShardBytes;
+  return generate_model(cfg, gen, dir);
+}
+
 Loaded load(Backend& be, const std::string& dir, const ModelConfig& cfg) {
   Loaded l;
   auto ck = Checkpoint::open(dir);
@@ -66,10 +74,7 @@ TEST(GpuModel, TinyPresetsMatchTheCpuOracle) {
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
     const ModelConfig cfg = preset_config(preset).value();
     const std::string dir = scratch_dir("gpu_model_" + preset);
-    GenModelOptions gen;
-    gen.seed = 3;
-    gen.max_shard_bytes = kTinyMaxShardBytes;
-    ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok());
+    ASSERT_TRUE(generate_tiny(cfg, 3, dir).is_ok());
     {
       Loaded c = load(cpu(), dir, cfg), g = load(*cuda(), dir, cfg);
       ASSERT_TRUE(c.model && g.model);
@@ -145,10 +150,7 @@ TEST(GpuModel, FusedDecodeStackMatchesTheOracleAndTheLayerByLayerPath) {
                                                        {"tiny-fp8", preset_config("tiny-fp8").value()}};
   for (const auto& [name, cfg] : cases) {
     const std::string dir = scratch_dir("gpu_stack_" + name);
-    GenModelOptions gen;
-    gen.seed = 5;
-    gen.max_shard_bytes = kTinyMaxShardBytes;
-    ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok()) << name;
+    ASSERT_TRUE(generate_tiny(cfg, 5, dir).is_ok()) << name;
     {
       CudaBackendOptions fused_opt, layered_opt, split_opt;
       fused_opt.fused_decode = true;
@@ -188,10 +190,7 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
     const ModelConfig cfg = preset_config(preset).value();
     const std::string dir = scratch_dir("gpu_stage_" + preset);
-    GenModelOptions gen;
-    gen.seed = 7;
-    gen.max_shard_bytes = kTinyMaxShardBytes;
-    ASSERT_TRUE(generate_model(cfg, gen, dir).is_ok());
+    ASSERT_TRUE(generate_tiny(cfg, 7, dir).is_ok());
     {
       CudaBackendOptions plain_opt, staged_opt, ring_opt;
       plain_opt.skinny.stage = 1;
