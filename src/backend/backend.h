@@ -278,6 +278,11 @@ class Backend {
   // ties (torch.argmax, std::max_element); NaN entries are skipped (a row of NaN gives 0), -0
   // equals +0.                                 ids I32 [r], logits [r, V] (F32 or BF16)
   virtual void argmax_rows(Tensor ids, const Tensor& logits);
+  // Candidate sampling: keys[i] = the k largest entries of logits row i as 64-bit keys (value,
+  // then index: backend/top_k.h), descending, 0 past the row's last entry; kTopKFallback when
+  // the row holds a NaN or the backend could not hold its candidates (the caller then takes
+  // the whole row).                           keys I64 [r, k], logits [r, V] (F32 or BF16)
+  virtual void top_k_rows(Tensor keys, const Tensor& logits);
   // Optional fused path: every decoder layer of a step, x [n, H] in place, computing what the
   // per-layer ops (rms_norm, linear, text_qkv_prepare, text_attention, silu_mul) compute, K/V
   // into the cache as text_qkv_prepare stores them. Returns false, having done nothing, when the
@@ -352,6 +357,10 @@ inline Result<std::unique_ptr<DeviceRegion>> Backend::reserve_region(size_t max_
 
 inline void Backend::argmax_rows(Tensor, const Tensor&) {
   QVL_CHECK(false) << name() << ": argmax_rows is not implemented";
+}
+
+inline void Backend::top_k_rows(Tensor, const Tensor&) {
+  QVL_CHECK(false) << name() << ": top_k_rows is not implemented";
 }
 
 inline void Backend::patchify_rgb(Tensor, const Tensor&, int, int, int, int, int) {

@@ -1,12 +1,18 @@
 // qvl bench's support pieces (bench_support.h).
 #include "cli/bench_support.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <stdexcept>
+
+#include "backend/top_k.h"
+#include "core/dtype.h"
+#include "engine/sampler.h"
 
 namespace qvl::cli::bench {
 
@@ -217,6 +223,61 @@ nlohmann::json profile_table(const std::string& title, const std::vector<CudaKer
       {"title", title}, {"launches", times.size()}, {"kernel_us", total}, {"span_us", span}, {"ops", out}};
 }
 #endif
+
+SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor& keys, int steps,
+                                const std::function<void(bool keys)>& run_step) {
+  const int64_t B = logits.dim(0), V = logits.dim(1), K = kSampleCandidates;
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.top_k = 20;
+  sp.top_p = 0.8f;
+  std::vector<Sampler> samplers;
+  for (int64_t b = 0; b < B; ++b) samplers.emplace_back(sp, static_cast<int>(V), static_cast<uint64_t>(b + 1));
+  std::vector<float> rows(static_cast<size_t>(B * V));
+  std::vector<uint16_t> bits(logits.dtype == DType::kBF16 ? rows.size() : 0);
+  std::vector<uint64_t> host_keys(static_cast<size_t>(B * K));
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(B, omp_get_max_threads())));
+  // logits rows [r0, r0 + n) -> rows, as f32 (the runner's conversion: one thread).
+  auto fetch = [&](int64_t r0, int64_t n) {
+    const Tensor part = logits.rows(r0, r0 + n);
+    if (logits.dtype == DType::kF32) return be.copy_to_host(rows.data() + r0 * V, part);
+    be.copy_to_host(bits.data() + r0 * V, part);
+    for (int64_t i = r0 * V; i < (r0 + n) * V; ++i)
+      rows[static_cast<size_t>(i)] = bf16_to_float(bits[static_cast<size_t>(i)]);
+  };
+  SampledSteps out;
+  auto t = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    run_step(false);
+    fetch(0, B);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int64_t b = 0; b < B; ++b)
+      tokens[static_cast<size_t>(b)] = samplers[static_cast<size_t>(b)].sample(std::span(rows).subspan(b * V, V));
+  }
+  out.rows_ms = ms_since(t) / steps;
+  t = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    run_step(true);
+    be.copy_to_host(host_keys.data(), keys);
+    std::vector<char> whole(static_cast<size_t>(B), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      if (samplers[static_cast<size_t>(b)].candidates_decide(std::span(host_keys).subspan(b * K, K))) continue;
+      whole[static_cast<size_t>(b)] = 1;
+      fetch(b, 1);
+      ++out.whole_rows;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int64_t b = 0; b < B; ++b) {
+      Sampler& sm = samplers[static_cast<size_t>(b)];
+      tokens[static_cast<size_t>(b)] = whole[static_cast<size_t>(b)]
+                                           ? sm.sample(std::span(rows).subspan(b * V, V))
+                                           : sm.sample_candidates(std::span(host_keys).subspan(b * K, K));
+    }
+  }
+  out.keys_ms = ms_since(t) / steps;
+  return out;
+}
 
 std::vector<uint8_t> synthetic_rgb(int64_t n) {
   std::vector<uint8_t> v(static_cast<size_t>(n));

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -46,6 +47,21 @@ nlohmann::json profile_table(const std::string& title, const std::vector<CudaKer
 // slowest partial, as medians over all units and over each layer's last unit to exit.
 nlohmann::json decode_trace_summary(const std::vector<uint64_t>& t, int layers);
 #endif
+
+// Decode steps sampled as a chat request is by default (Qwen3-VL's generation_config:
+// temperature 0.7, top-k 20, top-p 0.8), each of the B rows by its own seeded Sampler, the rows
+// on OpenMP threads as the engine samples them. `run_step(false)` runs a step whose logits
+// [B, V] then come to the host for Sampler::sample (the engine without candidate keys);
+// `run_step(true)` runs a step that also writes `keys` [B, kSampleCandidates]
+// (Backend::top_k_rows), which come to the host for Sampler::sample_candidates, a row fetched
+// whole where its keys do not decide (ModelRunner::forward_top_k). Returns ms per step of each
+// (`steps` steps each) and the rows fetched whole.
+struct SampledSteps {
+  double rows_ms = 0, keys_ms = 0;
+  int64_t whole_rows = 0;
+};
+SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor& keys, int steps,
+                                const std::function<void(bool keys)>& run_step);
 
 // A deterministic RGB8 image of n bytes (an LCG's high bits).
 std::vector<uint8_t> synthetic_rgb(int64_t n);

@@ -4,9 +4,11 @@
 // copied to the host and argmax'd there, as for a sampled request), decode tok/s per batch
 // size (the decode step captured as a graph per batch size, inputs staged on the device; and,
 // separately, with the logits copied to the host and argmax'd every step as a plain engine loop
-// would), peak device memory, bytes read per decode step and decode as a fraction of the
-// bandwidth floor (those bytes over a device-to-device copy bandwidth measured here, counting
-// read + write: the better of a copy before the weights are loaded and one after the work).
+// would; and sampled as a chat request is by default, temperature 0.7 / top-k 20 / top-p 0.8,
+// from the rows' candidate keys as the engine samples (`tokens_per_s_sampled`) and from the
+// whole rows brought to the host (`tokens_per_s_sampled_rows`)), peak device memory, bytes read per decode step and
+// decode as a fraction of the bandwidth floor (those bytes over a device-to-device copy bandwidth measured here,
+// counting read + write: the better of a copy before the weights are loaded and one after the work).
 //
 //   qvl bench MODEL|--model M [--image-size 1024x768|none] [--prompt-tokens 24] [--gen-tokens 64]
 //             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--profile] [--out FILE]
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/top_k.h"
 #include "cli/bench_support.h"
 #include "cli/command.h"
 #include "cli/model_args.h"
@@ -57,7 +60,9 @@ using bench::decode_weight_bytes;
 using bench::median;
 using bench::ms_since;
 using bench::parse_batches;
+using bench::SampledSteps;
 using bench::synthetic_rgb;
+using bench::time_sampled_steps;
 using nlohmann::json;
 #ifdef QVL_HAVE_CUDA
 using bench::decode_trace_summary;
@@ -214,7 +219,7 @@ Status run_bench(const BenchOptions& o) {
   // ---- buffers: arena, step inputs, logits, KV (max batch x pages per sequence) ----
   const int max_b = batches.back();
   const int page = o.kv_page_tokens;
-  const int64_t per_seq_tokens = L + 8 + 2LL * o.gen_tokens;
+  const int64_t per_seq_tokens = L + 8 + 4LL * o.gen_tokens;  // the decode steps below, all timings
   const int64_t P = (per_seq_tokens + page - 1) / page;
   RunnerShape shape{std::max<int64_t>(L, max_b), max_b, P, with_image ? grid.num_patches() : 0};
   const RunnerBuffers rb = runner_buffers(config, shape, act);
@@ -398,7 +403,8 @@ Status run_bench(const BenchOptions& o) {
     // Inputs of every step staged on the device once, each step's [ids | positions | slots |
     // context_len] block (6B I32) laid out as make_inputs places them; a step copies its block
     // (one device-to-device copy, asynchronous) into the fixed tensors.
-    const int steps = 4 + o.gen_tokens + std::min(o.gen_tokens, 32) + 1;  // + one profiled step
+    // warm-up, timed, host argmax, sampled (rows, then keys after one recording step), profiled
+    const int steps = 4 + o.gen_tokens + 3 * std::min(o.gen_tokens, 32) + 1 + 1;
     std::vector<int32_t> h_stage;
     for (int st = 0; st < steps; ++st) {
       const int64_t n = L + st;  // absolute index of this step's token
@@ -472,6 +478,29 @@ Status run_bench(const BenchOptions& o) {
       (void)checksum;
     }
     const double sync_step_ms = ms_since(t) / sync_steps;
+    // Sampled as a chat request is by default: the rows to the host for the sampler, or their
+    // candidate keys, taken in the step's graph (the engine's two paths).
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer keys_buf,
+                         be.allocate(static_cast<size_t>(B) * kSampleCandidates * 8, "bench keys"));
+    const Tensor keys(keys_buf.data(), DType::kI64, {B, kSampleCandidates}, be.device());
+    auto keyed_step = [&](int st) {
+      be.copy(step_block, g_stage.rows(st, st + 1));
+      auto fwd = [&] {
+        model->forward(batch, in, cache, s.logits, arena);
+        be.top_k_rows(keys, s.logits);
+      };
+      if (o.no_graphs)
+        fwd();
+      else
+        be.run_graph(key + "/top-k", fwd);
+    };
+    keyed_step(st++);  // records
+    const SampledSteps sampled = time_sampled_steps(be, s.logits, keys, sync_steps, [&](bool with_keys) {
+      if (with_keys)
+        keyed_step(st++);
+      else
+        step(st++);
+    });
 #ifdef QVL_HAVE_CUDA
     if (o.decode_attention_trace && B == 1)
       trace_json = decode_trace_summary(cuda_decode_attention_trace(be), tc.num_hidden_layers);
@@ -492,6 +521,11 @@ Status run_bench(const BenchOptions& o) {
                       {"tokens_per_s", B * 1000.0 / step_ms},
                       {"tokens_per_s_host_argmax", B * 1000.0 / sync_step_ms},
                       {"step_ms_host_argmax", sync_step_ms},
+                      {"tokens_per_s_sampled", B * 1000.0 / sampled.keys_ms},
+                      {"step_ms_sampled", sampled.keys_ms},
+                      {"tokens_per_s_sampled_rows", B * 1000.0 / sampled.rows_ms},
+                      {"step_ms_sampled_rows", sampled.rows_ms},
+                      {"sampled_whole_rows", sampled.whole_rows},
                       {"bytes_per_step", bytes},
                       {"bytes_per_token", bytes / B},
                       {"avg_context", avg_ctx}});

@@ -288,20 +288,28 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
   const int vocab = runner_->info().vocab_size;
   const size_t rows = plan.input.logits_rows.size();
   QVL_CHECK_LE(rows * static_cast<size_t>(vocab), logits_.size());
-  // Every sampled row plain greedy: the runner takes the argmax where the logits are.
+  // Where the tokens are picked: every sampled row plain greedy -> the argmax where the logits
+  // are; every row able to draw from its largest logits -> their keys; else the whole rows.
   bool greedy = options_.device_greedy && rows > 0;
+  bool candidates = options_.device_top_k && rows > 0;
   size_t wanted = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (!plan.wants_logits[i]) continue;
     ++wanted;
-    if (!plan.seqs[i]->sampler->plain_greedy()) greedy = false;
+    const Sampler& sampler = *plan.seqs[i]->sampler;
+    if (!sampler.plain_greedy()) greedy = false;
+    if (!sampler.can_sample_candidates()) candidates = false;
   }
   QVL_CHECK_EQ(wanted, rows) << "sampled sequences vs logits rows";
+  if (greedy) candidates = false;
   std::vector<int32_t> greedy_tokens(greedy ? rows : 0);
+  std::vector<uint64_t> keys(candidates ? rows * kSampleCandidates : 0);
   Status st;
   try {
     if (greedy)
       st = runner_->forward_greedy(plan.input, pool_->view(), greedy_tokens);
+    else if (candidates)
+      st = runner_->forward_top_k(plan.input, pool_->view(), keys);
     else
       st = runner_->forward(plan.input, pool_->view(),
                             std::span<float>(logits_.data(), rows * static_cast<size_t>(vocab)));
@@ -328,6 +336,20 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
   const int n = static_cast<int>(sampled.size());
   std::vector<int32_t> tokens(sampled.size(), -1);
   std::vector<std::string> errors(sampled.size());
+  // With candidates: the rows whose keys do not decide their token take their whole logits,
+  // fetched here, on this thread (the runner is not shared with the sampling threads).
+  std::vector<char> whole_row(sampled.size(), !greedy && !candidates);
+  if (candidates) {
+    for (int r = 0; r < n; ++r) {
+      const auto row_keys =
+          std::span<const uint64_t>(keys).subspan(static_cast<size_t>(r) * kSampleCandidates, kSampleCandidates);
+      if (sampled[r]->sampler->candidates_decide(row_keys)) continue;
+      whole_row[static_cast<size_t>(r)] = 1;
+      Status fetched = runner_->logits_row(
+          r, std::span<float>(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab)));
+      if (!fetched.is_ok()) errors[static_cast<size_t>(r)] = fetched.to_string();
+    }
+  }
   // Greedy steps only record their tokens: no threads for that.
   const int threads =
       greedy
@@ -335,13 +357,17 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
           : std::max(1, std::min(n, options_.sampling_threads > 0 ? options_.sampling_threads : omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (int r = 0; r < n; ++r) {
+    if (!errors[r].empty()) continue;
     try {
       if (greedy) {
         tokens[r] = greedy_tokens[static_cast<size_t>(r)];
         QVL_CHECK(tokens[r] >= 0 && tokens[r] < vocab) << "greedy token " << tokens[r] << " outside vocab " << vocab;
-      } else {
+      } else if (whole_row[static_cast<size_t>(r)]) {
         std::span<float> logits(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab));
         tokens[r] = sampled[r]->sampler->sample(logits);
+      } else {
+        tokens[r] = sampled[r]->sampler->sample_candidates(
+            std::span<const uint64_t>(keys).subspan(static_cast<size_t>(r) * kSampleCandidates, kSampleCandidates));
       }
       sampled[r]->sampler->accept(tokens[r]);
     } catch (const std::exception& e) {

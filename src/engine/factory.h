@@ -37,6 +37,12 @@ struct EngineOptions {
   // Steps whose sampled rows are all plain greedy (temperature 0, no penalties) take the argmax
   // where the logits are (ModelRunner::forward_greedy) instead of bringing them to the host.
   bool device_greedy = true;
+  // Steps whose sampled rows can all draw from their largest logits (greedy, or top-k below
+  // kSampleCandidates, with penalties that only lower scores: Sampler::can_sample_candidates)
+  // bring back kSampleCandidates keys per row (ModelRunner::forward_top_k) instead of the rows;
+  // a row whose keys do not decide its token fetches its logits (ModelRunner::logits_row). The
+  // tokens are those of the host sampler over the whole rows.
+  bool device_top_k = true;
 };
 
 // The limits a runner must be built for to serve an engine with `options` and `page_size`.

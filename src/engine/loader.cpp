@@ -119,6 +119,9 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   eo.max_queued = options.max_queued;
   eo.sampling_threads = options.sampling_threads;
   for (int id : m.config.generation.eos_token_ids) eo.eos_token_ids.push_back(id);
+  // Candidate keys save a device's logits transfer; on the CPU the rows are already in host
+  // memory, and finding the keys costs what the sampler's own pass over the row does.
+  eo.device_top_k = !on_cpu;
   const int page = rt.kv_page_tokens;
   Qwen3VLRunnerOptions ro;
   ro.limits.max_step_tokens = eo.max_step_tokens;

@@ -14,12 +14,14 @@
 // - the shapes stay within the limits the runner was built for (RunnerLimits).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/top_k.h"
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -108,6 +110,35 @@ class ModelRunner {
     for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = greedy_argmax(std::span(logits).subspan(r * vocab, vocab));
     return Status::ok();
   }
+
+  // forward() for a step whose sampled rows draw from their largest logits
+  // (Sampler::can_sample_candidates): keys [R, kSampleCandidates] = each logits row's largest
+  // entries as backend/top_k.h keys (Backend::top_k_rows). A runner on a device computes them
+  // there and brings back 512 bytes per row instead of the row. The step's logits stay
+  // available to logits_row() until the next forward, for a row whose keys do not decide its
+  // token. The defaults run forward() and keep its logits on the host.
+  virtual Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) {
+    const size_t vocab = static_cast<size_t>(info().vocab_size), rows = step.logits_rows.size();
+    QVL_CHECK_EQ(keys.size(), rows * kSampleCandidates);
+    last_logits_.resize(rows * vocab);
+    Status st = forward(step, cache, last_logits_);
+    if (!st.is_ok()) return st;
+    for (size_t r = 0; r < rows; ++r)
+      top_k_keys(std::span<const float>(last_logits_).subspan(r * vocab, vocab),
+                 keys.subspan(r * kSampleCandidates, kSampleCandidates));
+    return Status::ok();
+  }
+  // Logits row r of the last forward_top_k(), as forward() gives it.
+  virtual Status logits_row(int64_t r, std::span<float> out) {
+    const size_t vocab = static_cast<size_t>(info().vocab_size);
+    QVL_CHECK(r >= 0 && static_cast<size_t>(r + 1) * vocab <= last_logits_.size() && out.size() == vocab)
+        << "logits row " << r;
+    std::copy_n(last_logits_.begin() + static_cast<std::ptrdiff_t>(r * vocab), vocab, out.begin());
+    return Status::ok();
+  }
+
+ private:
+  std::vector<float> last_logits_;  // the defaults' logits of the last forward_top_k()
 };
 
 }  // namespace qvl

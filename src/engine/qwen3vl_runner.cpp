@@ -118,20 +118,13 @@ class Qwen3VLRunner final : public ModelRunner {
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     const int vocab = info_.vocab_size;
     QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
-    const Tensor logits = run(step, cache, nullptr);
+    last_rows_ = 0;
+    const Tensor logits = run(step, cache, Pick::kLogits, nullptr);
     if (R == 0) {
       backend_->synchronize();
       return Status::ok();
     }
-    const DType act = backend_->activation_dtype();
-    if (act == DType::kF32) {
-      backend_->copy_to_host(logits_out.data(), logits);
-    } else {
-      QVL_CHECK(act == DType::kBF16) << "logits in " << dtype_name(act);
-      auto* host = reinterpret_cast<bf16_bits*>(host_logits_.data());
-      backend_->copy_to_host(host, logits);
-      for (int64_t i = 0; i < R * vocab; ++i) logits_out[static_cast<size_t>(i)] = bf16_to_float(host[i]);
-    }
+    to_host(logits_out, logits);
     return Status::ok();
   }
 
@@ -141,16 +134,58 @@ class Qwen3VLRunner final : public ModelRunner {
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     QVL_CHECK_EQ(static_cast<int64_t>(tokens.size()), R);
     if (R == 0) return forward(step, cache, {});
+    last_rows_ = 0;
     Tensor ids;
-    run(step, cache, &ids);
+    run(step, cache, Pick::kGreedy, &ids);
     backend_->copy_to_host(tokens.data(), ids);
     return Status::ok();
   }
 
+  // The candidate keys of each logits row on the device (Backend::top_k_rows, recorded with the
+  // step like the argmax): R x kSampleCandidates keys come back.
+  Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
+    const int64_t R = static_cast<int64_t>(step.logits_rows.size());
+    QVL_CHECK_EQ(static_cast<int64_t>(keys.size()), R * kSampleCandidates);
+    last_rows_ = 0;
+    if (R == 0) return forward(step, cache, {});
+    Tensor keys_dev;
+    run(step, cache, Pick::kTopK, &keys_dev);
+    backend_->copy_to_host(keys.data(), keys_dev);
+    last_rows_ = R;
+    return Status::ok();
+  }
+
+  Status logits_row(int64_t r, std::span<float> out) override {
+    const int vocab = info_.vocab_size;
+    QVL_CHECK(r >= 0 && r < last_rows_ && static_cast<int64_t>(out.size()) == vocab) << "logits row " << r;
+    const DType act = backend_->activation_dtype();
+    const Tensor all(logits_buffer_.data(), act, {last_rows_, vocab}, backend_->device());
+    to_host(out, all.rows(r, r + 1));
+    return Status::ok();
+  }
+
  private:
-  // Runs one step and returns its logits rows [max(R, 1), vocab] on the device; with `greedy_ids`,
-  // also their argmax into a tensor of the step inputs buffer, returned there.
-  Tensor run(const StepInput& step, const KvCacheView& cache, Tensor* greedy_ids) {
+  // What a step brings back besides its logits on the device.
+  enum class Pick { kLogits, kGreedy, kTopK };
+
+  // logits [rows, vocab] on the device -> f32 on the host.
+  void to_host(std::span<float> out, const Tensor& logits) {
+    QVL_CHECK_EQ(static_cast<int64_t>(out.size()), logits.numel());
+    const DType act = backend_->activation_dtype();
+    if (act == DType::kF32) {
+      backend_->copy_to_host(out.data(), logits);
+      return;
+    }
+    QVL_CHECK(act == DType::kBF16) << "logits in " << dtype_name(act);
+    auto* host = reinterpret_cast<bf16_bits*>(host_logits_.data());
+    backend_->copy_to_host(host, logits);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(host[i]);
+  }
+
+  // Runs one step and returns its logits rows [max(R, 1), vocab] on the device; for kGreedy
+  // also their argmax (i32 [R]), for kTopK their candidate keys (i64 [R, kSampleCandidates]),
+  // into a tensor of the step inputs buffer returned in `picked`.
+  Tensor run(const StepInput& step, const KvCacheView& cache, Pick pick, Tensor* picked) {
     const int64_t S = step.num_tokens(), B = step.num_seqs();
     int64_t P = step.max_pages_per_seq;
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
@@ -207,8 +242,10 @@ class Qwen3VLRunner final : public ModelRunner {
     backend_->copy_to_device(
         Tensor(inputs_buffer_.data(), DType::kU8, {static_cast<int64_t>(in.used())}, backend_->device()),
         staging_.data());
-    // The greedy ids: written on the device, after the inputs (step_input_bytes counts them).
-    if (greedy_ids) *greedy_ids = in.alloc(DType::kI32, {R});
+    // The greedy ids or candidate keys: written on the device, after the inputs
+    // (step_input_bytes counts both).
+    if (pick == Pick::kGreedy) *picked = in.alloc(DType::kI32, {R});
+    if (pick == Pick::kTopK) *picked = in.alloc(DType::kI64, {R, kSampleCandidates});
 
     TextStepInputs inputs;
     inputs.token_ids = token_ids;
@@ -221,6 +258,11 @@ class Qwen3VLRunner final : public ModelRunner {
 
     const DType act = backend_->activation_dtype();
     Tensor logits(logits_buffer_.data(), act, {std::max<int64_t>(R, 1), vocab}, backend_->device());
+    auto step_ops = [&] {
+      model_->forward(batch, inputs, cache, logits, arena_);
+      if (pick == Pick::kGreedy) backend_->argmax_rows(*picked, logits);
+      if (pick == Pick::kTopK) backend_->top_k_rows(*picked, logits);
+    };
     if (graph) {
       // Recordings bind the cache's page count: a grown pool starts a new set.
       if (cache.num_pages != graph_cache_pages_) {
@@ -230,14 +272,13 @@ class Qwen3VLRunner final : public ModelRunner {
       char key[176];
       std::snprintf(key, sizeof key, "decode b=%lld p=%lld ctx=%lld kv=%p/%lld arena=%zu%s", static_cast<long long>(B),
                     static_cast<long long>(P), static_cast<long long>(max_context), cache.base,
-                    static_cast<long long>(cache.num_pages), arena_.used(), greedy_ids ? " greedy" : "");
-      backend_->run_graph(key, [&] {
-        model_->forward(batch, inputs, cache, logits, arena_);
-        if (greedy_ids) backend_->argmax_rows(*greedy_ids, logits);
-      });
+                    static_cast<long long>(cache.num_pages), arena_.used(),
+                    pick == Pick::kGreedy ? " greedy"
+                    : pick == Pick::kTopK ? " top-k"
+                                          : "");
+      backend_->run_graph(key, step_ops);
     } else {
-      model_->forward(batch, inputs, cache, logits, arena_);
-      if (greedy_ids) backend_->argmax_rows(*greedy_ids, logits);
+      step_ops();
     }
     return logits;
   }
@@ -251,6 +292,7 @@ class Qwen3VLRunner final : public ModelRunner {
   DeviceBuffer staging_buffer_;  // host memory for the vision uploads (Backend::allocate_host)
   Arena arena_;
   std::vector<uint16_t> host_logits_;
+  int64_t last_rows_ = 0;  // logits rows of the last forward_top_k (logits_row may read them)
   bool decode_graphs_ = false;
   std::vector<int32_t> wide_page_table_;
   std::vector<uint8_t> staging_;  // host mirror of the step inputs buffer

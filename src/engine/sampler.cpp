@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/top_k.h"
 #include "core/check.h"
 
 namespace qvl {
@@ -116,36 +117,46 @@ void Sampler::keep_top_k(std::span<const float> logits, int k) {
 }
 
 double Sampler::filter(std::span<const float> logits) {
-  const float inv_t = 1.0f / params_.temperature;
   all_survive_ = false;
-  double total = 0;
-  float max_score = -INFINITY;
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
     keep_top_k(logits, params_.top_k);
-    for (const auto& c : sc_->cand) max_score = std::max(max_score, c.score);
-    for (auto& c : sc_->cand) total += c.weight = std::exp((c.score - max_score) * inv_t);
-  } else {
-    // The whole vocabulary: weights in one flat array (vectorised), candidates only if a filter
-    // below needs them.
-    for (float v : logits) max_score = std::max(max_score, v);
-    sc_->full_weights.resize(logits.size());
-    float* w = sc_->full_weights.data();
-    const float* l = logits.data();
-    const size_t n = logits.size();
-    row_weights(w, l, n, max_score, inv_t);
-    for (size_t i = 0; i < n; ++i) total += w[i];
-    if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
-      all_survive_ = true;
-      return total;
-    }
-    // Top-p below can only keep tokens over its cutoff; min-p only tokens over min_p.
-    double floor = params_.top_p < 1.0f ? (1.0 - params_.top_p) * total / static_cast<double>(n) : 0.0;
-    if (params_.min_p > 0.0f) floor = std::max(floor, static_cast<double>(params_.min_p) * 0.999);
-    sc_->cand.clear();
-    for (size_t i = 0; i < n; ++i)
-      if (w[i] >= floor) sc_->cand.push_back({static_cast<int32_t>(i), l[i], w[i]});
+    return filter_survivors(weigh_candidates());
   }
+  // The whole vocabulary: weights in one flat array (vectorised), candidates only if a filter
+  // below needs them.
+  const float inv_t = 1.0f / params_.temperature;
+  float max_score = -INFINITY;
+  for (float v : logits) max_score = std::max(max_score, v);
+  sc_->full_weights.resize(logits.size());
+  float* w = sc_->full_weights.data();
+  const float* l = logits.data();
+  const size_t n = logits.size();
+  row_weights(w, l, n, max_score, inv_t);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += w[i];
+  if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    all_survive_ = true;
+    return total;
+  }
+  // Top-p below can only keep tokens over its cutoff; min-p only tokens over min_p.
+  double floor = params_.top_p < 1.0f ? (1.0 - params_.top_p) * total / static_cast<double>(n) : 0.0;
+  if (params_.min_p > 0.0f) floor = std::max(floor, static_cast<double>(params_.min_p) * 0.999);
+  sc_->cand.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (w[i] >= floor) sc_->cand.push_back({static_cast<int32_t>(i), l[i], w[i]});
+  return filter_survivors(total);
+}
 
+double Sampler::weigh_candidates() {
+  const float inv_t = 1.0f / params_.temperature;
+  float max_score = -INFINITY;
+  for (const auto& c : sc_->cand) max_score = std::max(max_score, c.score);
+  double total = 0;
+  for (auto& c : sc_->cand) total += c.weight = std::exp((c.score - max_score) * inv_t);
+  return total;
+}
+
+double Sampler::filter_survivors(double total) {
   if (params_.top_p < 1.0f) {
     // Walk from the most probable: rank r survives while the mass strictly before it is < top_p
     // (HF: ascending cumsum <= 1 - top_p is removed). Tokens under (1 - top_p) · total / n are
@@ -217,7 +228,10 @@ int32_t Sampler::sample(std::span<float> logits) {
   sc_ = &scratch();
   apply_penalties(logits);
   if (greedy()) return greedy_argmax(logits);
-  const double sum = filter(logits);
+  return draw(filter(logits));
+}
+
+int32_t Sampler::draw(double sum) {
   // Inverse CDF on the unnormalised weights: the first token whose running weight exceeds u·sum.
   const double target = uniform() * sum;
   double cum = 0;
@@ -233,6 +247,85 @@ int32_t Sampler::sample(std::span<float> logits) {
     if (target < cum) return c.id;
   }
   return sc_->cand.back().id;
+}
+
+float Sampler::penalized(int32_t id, float score) const {
+  if (track_seen_ && (seen_bits_[static_cast<size_t>(id) >> 6] >> (id & 63) & 1)) {
+    const float p = params_.repetition_penalty;
+    score = score < 0 ? score * p : score / p;
+  }
+  if (track_counts_) {
+    if (auto it = generated_counts_.find(id); it != generated_counts_.end())
+      score -= static_cast<float>(it->second) * params_.frequency_penalty + params_.presence_penalty;
+  }
+  return score;
+}
+
+bool Sampler::can_sample_candidates() const {
+  if (vocab_size_ <= kSampleCandidates) return true;  // the candidates are the whole row
+  // Penalties may only lower scores: a token left out then stays below the candidates' last.
+  if (params_.repetition_penalty < 1.0f || params_.presence_penalty < 0.0f || params_.frequency_penalty < 0.0f)
+    return false;
+  return greedy() || (params_.top_k >= 1 && params_.top_k < kSampleCandidates);
+}
+
+int Sampler::decode_candidates(std::span<const uint64_t> keys) {
+  sc_ = &scratch();
+  sc_->keyed.clear();
+  for (uint64_t key : keys) {
+    if (key == 0) break;
+    sc_->keyed.push_back({logit_key_index(key), logit_key_value(key), 0.0f});
+  }
+  return static_cast<int>(sc_->keyed.size());
+}
+
+// Token `id`'s score can only be lower than its logit (can_sample_candidates), and every token
+// missing from the keys has a logit <= `last`, the smallest one there. So the candidates decide
+// greedy when their best score beats `last`, and top-k when their k-th best does: no missing
+// token can then reach what survives.
+bool Sampler::candidates_decide(std::span<const uint64_t> keys) {
+  if (keys.empty() || keys[0] == kTopKFallback) return false;
+  const int n = decode_candidates(keys);
+  if (n == vocab_size_) return true;
+  if (n < static_cast<int>(keys.size()) || !can_sample_candidates()) return false;
+  const float last = sc_->keyed.back().score;
+  sc_->kth.clear();
+  for (const Candidate& c : sc_->keyed) sc_->kth.push_back(penalized(c.id, c.score));
+  if (greedy()) return *std::max_element(sc_->kth.begin(), sc_->kth.end()) > last;
+  const int k = params_.top_k;
+  if (k >= n) return false;
+  std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
+  return sc_->kth[static_cast<size_t>(k - 1)] > last;
+}
+
+int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
+  QVL_CHECK(candidates_decide(keys)) << "sample_candidates: the keys do not decide this row";
+  if (static_cast<int>(sc_->keyed.size()) == vocab_size_) {
+    // The whole row: sample() on it as it is.
+    std::vector<float> row(static_cast<size_t>(vocab_size_));
+    for (const Candidate& c : sc_->keyed) row[static_cast<size_t>(c.id)] = c.score;
+    return sample(row);
+  }
+  // What sample() computes on the whole row, over the only tokens that can survive: the
+  // penalised scores in token-id order, then the same top-k, weights, top-p, min-p and draw.
+  for (Candidate& c : sc_->keyed) c.score = penalized(c.id, c.score);
+  std::sort(sc_->keyed.begin(), sc_->keyed.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+  if (greedy()) {
+    size_t best = 0;
+    for (size_t i = 1; i < sc_->keyed.size(); ++i)
+      if (sc_->keyed[i].score > sc_->keyed[best].score) best = i;
+    return sc_->keyed[best].id;
+  }
+  all_survive_ = false;
+  sc_->kth.clear();
+  for (const Candidate& c : sc_->keyed) sc_->kth.push_back(c.score);
+  const int k = params_.top_k;
+  std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
+  const float kth = sc_->kth[static_cast<size_t>(k - 1)];
+  sc_->cand.clear();
+  for (const Candidate& c : sc_->keyed)
+    if (c.score >= kth) sc_->cand.push_back({c.id, c.score, 0.0f});
+  return draw(filter_survivors(weigh_candidates()));
 }
 
 }  // namespace qvl

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/top_k.h"
 #include "core/status.h"
 #include "engine/engine.h"
 
@@ -63,6 +64,18 @@ class Sampler {
   // Picks the next token. `logits` has vocab_size entries and is used as scratch (modified).
   int32_t sample(std::span<float> logits);
 
+  // Sampling from a row's largest logits instead of the whole row (a device brings back
+  // kSampleCandidates keys per row: ModelRunner::forward_top_k, backend/top_k.h).
+  // can_sample_candidates: these parameters may draw from the candidates (greedy or top-k below
+  // kSampleCandidates, penalties that only lower scores; any parameters when the vocabulary is
+  // no larger than the candidates). candidates_decide: the candidates hold every token that
+  // sample() on the whole row could pick (false for kTopKFallback); it consumes no randomness.
+  // sample_candidates: sample() on the whole row, given keys the candidates decide: the same
+  // token and the same draw from the RNG.
+  bool can_sample_candidates() const;
+  bool candidates_decide(std::span<const uint64_t> keys);
+  int32_t sample_candidates(std::span<const uint64_t> keys);
+
   // The distribution sample() draws from, in draw order (token id ascending), with the
   // probabilities summing to 1. Greedy gives the argmax alone with probability 1. Modifies
   // `logits` like sample(); consumes no randomness.
@@ -85,11 +98,21 @@ class Sampler {
     float weight;  // exp((score - max) / T): the unnormalised probability
   };
   void apply_penalties(std::span<float> logits) const;
+  // `score` of token `id` after the penalties (apply_penalties for one token).
+  float penalized(int32_t id, float score) const;
   // Finds the tokens that survive temperature, top-k, top-p and min-p and returns the sum of
   // their weights. Survivors are every token with its weight in scratch().full_weights when
   // all_survive_, else scratch().cand (id order).
   double filter(std::span<const float> logits);
   void keep_top_k(std::span<const float> logits, int k);
+  // scratch().cand's weights at temperature, and their sum (top-k survivors, id order).
+  double weigh_candidates();
+  // Top-p and min-p over scratch().cand, given the weights' total; the survivors' sum.
+  double filter_survivors(double total);
+  // One draw from the RNG over the survivors that weigh `sum`.
+  int32_t draw(double sum);
+  // scratch().keyed = the keys' (index, logit) pairs, descending; returns how many.
+  int decode_candidates(std::span<const uint64_t> keys);
   double uniform();
 
   SamplingParams params_;
@@ -107,6 +130,7 @@ class Sampler {
     std::vector<Candidate> cand;
     std::vector<float> full_weights;
     std::vector<float> kth;
+    std::vector<Candidate> keyed;  // decoded candidate keys
   };
   static Scratch& scratch();
   Scratch* sc_ = nullptr;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/top_k.h"
 #include "core/arena.h"
 #include "core/check.h"
 
@@ -109,14 +110,15 @@ RunnerBuffers runner_buffers(const ModelConfig& config, const RunnerShape& shape
 }
 
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq) {
-  return arena_bytes(step_tokens, DType::kI32)                     // token ids
-         + arena_bytes(max_seqs, DType::kI32)                      // logits rows
-         + arena_bytes(step_tokens * 3, DType::kI32)               // M-RoPE positions
-         + arena_bytes(step_tokens, DType::kI32)                   // KV slots
-         + arena_bytes(max_seqs + 1, DType::kI32)                  // query_start
-         + arena_bytes(max_seqs, DType::kI32)                      // context_len
-         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32)  // page_table
-         + arena_bytes(max_seqs, DType::kI32);                     // greedy ids (device argmax)
+  return arena_bytes(step_tokens, DType::kI32)                      // token ids
+         + arena_bytes(max_seqs, DType::kI32)                       // logits rows
+         + arena_bytes(step_tokens * 3, DType::kI32)                // M-RoPE positions
+         + arena_bytes(step_tokens, DType::kI32)                    // KV slots
+         + arena_bytes(max_seqs + 1, DType::kI32)                   // query_start
+         + arena_bytes(max_seqs, DType::kI32)                       // context_len
+         + arena_bytes(max_seqs * max_pages_per_seq, DType::kI32)   // page_table
+         + arena_bytes(max_seqs, DType::kI32)                       // greedy ids (device argmax)
+         + arena_bytes(max_seqs * kSampleCandidates, DType::kI64);  // candidate keys (device top-k)
 }
 
 }  // namespace qvl

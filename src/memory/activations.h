@@ -106,8 +106,10 @@ DecoderActivationTerms decoder_activation_terms(const ModelConfig& config, int64
 
 // The step inputs buffer: token ids i32 [S], logits rows i32 [B], positions i32 [S, 3], slots
 // i32 [S], query_start i32 [B + 1], context_len i32 [B], page_table i32 [B, P] for S step rows,
-// B sequences (at most one logits row each) and P pages per sequence, then the one output it
-// holds: the greedy ids i32 [B] a device argmax writes. Each part is one arena allocation.
+// B sequences (at most one logits row each) and P pages per sequence, then the outputs it
+// holds: the greedy ids i32 [B] a device argmax writes and the candidate keys i64
+// [B, kSampleCandidates] a device top-k writes (backend/top_k.h). Each part is one arena
+// allocation.
 int64_t step_input_bytes(int64_t step_tokens, int64_t max_seqs, int64_t max_pages_per_seq);
 
 // The limits a runner is built for (engine/model_runner.h RunnerLimits carries the same four).

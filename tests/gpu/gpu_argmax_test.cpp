@@ -1,5 +1,5 @@
-// CUDA argmax_rows (greedy sampling on the device) against the CPU backend's on the same logits,
-// ids compared exactly:
+// CUDA argmax_rows and top_k_rows (greedy and candidate sampling on the device) against the CPU
+// backend's on the same logits, ids and keys compared exactly:
 // - BF16 and F32 rows; vocab sizes that are multiples of 8 (the 16-byte loads) and that are not
 //   (the scalar path), one row split over many blocks (151,936 = Qwen's vocabulary, and one past
 //   the 64-block cap), slice edges (4095, 4097), rows misaligned for 16-byte loads;
@@ -8,10 +8,14 @@
 // - rows built to trip the rule: many tied maxima (small integers), NaN first and scattered, rows
 //   of NaN, -0 beside +0, ±inf;
 // - a recorded graph replayed over new logits.
-// The CPU ids are also checked against greedy_argmax (the host sampler's rule).
+// The CPU ids are also checked against greedy_argmax (the host sampler's rule), and the CPU keys
+// against top_k_keys. top_k_rows also takes k = 1, 20 and 64 and rows shorter than k; a row built
+// against the kernel's thread stride (more candidates than a block holds) must come back as
+// kTopKFallback, every other row as the CPU's keys.
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/top_k.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_util.h"
 
@@ -154,6 +158,110 @@ TEST(GpuArgmax, GraphReplayTakesNewLogits) {
     cpu().argmax_rows(ic, lc);
     const bool same = ids_of(be, ids) == ids_of(cpu(), ic);
     CheckRow row{"argmax_rows graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
+    row.pass = same;
+    record(row);
+    EXPECT_TRUE(same) << "round " << round;
+  }
+  be.clear_graphs();
+}
+
+std::vector<uint64_t> keys_of(Backend& be, const Tensor& t) {
+  std::vector<uint64_t> v(static_cast<size_t>(t.numel()));
+  be.copy_to_host(v.data(), t);
+  return v;
+}
+
+// Runs both backends' top_k_rows over `x` and compares the keys; rows in `fallback` must come
+// back as kTopKFallback from CUDA (their CPU keys are checked against top_k_keys only).
+void check_top_k(const std::string& what, DType dt, int64_t rows, int64_t vocab, int64_t k, const std::vector<float>& x,
+                 int64_t offset = 0, const std::vector<int64_t>& fallback = {}) {
+  Scratch s;
+  Logits l = upload(s, dt, rows, vocab, x, offset);
+  Tensor kc = s.alloc(cpu(), DType::kI64, {rows, k}), kg = s.alloc(*cuda(), DType::kI64, {rows, k});
+  std::vector<uint64_t> stale(static_cast<size_t>(rows * k), 0x1234u);
+  cuda()->copy_to_device(kg, stale.data());  // stale keys must be overwritten
+  cpu().top_k_rows(kc, l.c);
+  cuda()->top_k_rows(kg, l.g);
+  const std::vector<uint64_t> want = keys_of(cpu(), kc), got = keys_of(*cuda(), kg);
+  int64_t bad = 0, host_bad = 0, fallbacks = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> row(x.begin() + r * vocab, x.begin() + (r + 1) * vocab);
+    if (dt == DType::kBF16)
+      for (float& v : row) v = round_to_bf16(v);
+    std::vector<uint64_t> ref(static_cast<size_t>(k));
+    top_k_keys(row, ref);
+    const auto w = want.begin() + r * k, g = got.begin() + r * k;
+    host_bad += !std::equal(ref.begin(), ref.end(), w);
+    const bool must_fall_back = std::find(fallback.begin(), fallback.end(), r) != fallback.end();
+    const bool ok = must_fall_back
+                        ? g[0] == kTopKFallback && std::all_of(g + 1, g + k, [](uint64_t v) { return v == 0; })
+                        : std::equal(w, w + k, g);
+    fallbacks += must_fall_back;
+    if (!ok) {
+      if (bad < 5) {
+        int64_t first = 0;
+        while (first < k && w[first] == g[first]) ++first;
+        ADD_FAILURE() << what << " row " << r << " (kind " << r % 7 << ")"
+                      << (must_fall_back ? " (must fall back)" : "") << ": first difference at " << first << ": CUDA "
+                      << std::hex << g[std::min(first, k - 1)] << ", CPU " << w[std::min(first, k - 1)] << std::dec;
+      }
+      ++bad;
+    }
+  }
+  EXPECT_EQ(host_bad, 0) << what << ": the CPU backend and top_k_keys disagree";
+  CheckRow row{std::string("top_k_rows ") + std::string(dtype_name(dt)) + (offset ? " misaligned" : ""),
+               what + " k " + std::to_string(k) + (fallbacks ? " +fallback" : "")};
+  row.max_abs = static_cast<double>(bad);
+  row.pass = bad == 0 && host_bad == 0;
+  record(row);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << rows << " rows differ";
+}
+
+TEST(GpuTopK, MatchesTheCpuBackend) {
+  QVL_REQUIRE_CUDA();
+  struct Case {
+    int64_t rows, vocab, k;
+  };
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (Case c :
+         {Case{7, 151936, 64}, Case{14, 151936, 20}, Case{7, 151936, 1}, Case{14, 37, 64}, Case{7, 1001, 64},
+          Case{7, 8, 64}, Case{7, 4097, 64}, Case{3, 262144 + 4104, 64}, Case{70, 264, 64}, Case{7, 2048, 1024}}) {
+      check_top_k(dims({c.rows, c.vocab}), dt, c.rows, c.vocab, c.k, tricky_logits(c.rows, c.vocab));
+    }
+    check_top_k(dims({7, 1024}), dt, 7, 1024, 64, tricky_logits(7, 1024), 1);  // rows misaligned
+  }
+}
+
+TEST(GpuTopK, TooManyCandidatesFallBack) {
+  QVL_REQUIRE_CUDA();
+  // BF16, 151,936 entries: thread t of the block reads the 8-entry vectors t, t + 1024, ... Give
+  // every entry of threads 0..99 its thread's value (1000 - t): the 64th largest thread maximum
+  // is thread 63's, and all 148 entries of threads 0..62 lie above it, 9,000 candidates. Row 1 is
+  // random and must not be affected.
+  const int64_t vocab = 151936;
+  std::vector<float> x = tricky_logits(2, vocab);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const int64_t thread = (i / 8) % 1024;
+    x[static_cast<size_t>(i)] = thread < 100 ? 1000.0f - static_cast<float>(thread) : -5.0f;
+  }
+  check_top_k("strided", DType::kBF16, 2, vocab, 64, x, 0, {0});
+}
+
+TEST(GpuTopK, GraphReplayTakesNewLogits) {
+  QVL_REQUIRE_CUDA();
+  Backend& be = *cuda();
+  const int64_t rows = 5, vocab = 151936;
+  Scratch s;
+  Tensor logits = s.alloc(be, DType::kBF16, {rows, vocab}), keys = s.alloc(be, DType::kI64, {rows, kSampleCandidates});
+  Tensor lc = s.alloc(cpu(), DType::kBF16, {rows, vocab}), kc = s.alloc(cpu(), DType::kI64, {rows, kSampleCandidates});
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint16_t> b = to_bf16_bits(tricky_logits(rows, vocab));
+    be.copy_to_device(logits, b.data());
+    cpu().copy_to_device(lc, b.data());
+    be.run_graph("top-k-test", [&] { be.top_k_rows(keys, logits); });
+    cpu().top_k_rows(kc, lc);
+    const bool same = keys_of(be, keys) == keys_of(cpu(), kc);
+    CheckRow row{"top_k_rows graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
     row.pass = same;
     record(row);
     EXPECT_TRUE(same) << "round " << round;

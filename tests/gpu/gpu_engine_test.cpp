@@ -121,6 +121,7 @@ struct EngineShape {
   bool graphs = true;
   DType kv_dtype = DType::kBF16;
   bool device_greedy = true;
+  bool device_top_k = true;
 };
 
 std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
@@ -130,6 +131,7 @@ std::unique_ptr<Engine> make_cuda_engine(Tiny& t, const EngineShape& shape) {
   eo.max_context = 256;
   eo.eos_token_ids = {151645, 151643};
   eo.device_greedy = shape.device_greedy;
+  eo.device_top_k = shape.device_top_k;
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, 4, t.max_patches);
   ro.kv_dtype = shape.kv_dtype;
@@ -211,6 +213,39 @@ TEST(GpuEngine, DeviceGreedyGivesTheHostSamplersTokens) {
     host.device_greedy = false;
     host.graphs = device.graphs = graphs;
     expect_same_tokens(t, host, device);
+  }
+}
+
+TEST(GpuEngine, CandidateSamplingGivesTheHostSamplersTokens) {
+  QVL_REQUIRE_CUDA();
+  std::string why;
+  Tiny& t = tiny(&why);
+  if (!why.empty()) GTEST_SKIP() << why;
+  // The cases sampled as Qwen3-VL's generation_config does (and one with a repetition penalty),
+  // each alone on both engines: the same logits, sampled from the whole rows on the host or
+  // from the keys of Backend::top_k_rows.
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < t.cases.size(); ++i) {
+    GenerationRequest r = t.cases[i].request;
+    r.sampling.temperature = 0.7f;
+    r.sampling.top_k = 20;
+    r.sampling.top_p = 0.8f;
+    r.sampling.seed = 100 + i;
+    if (i % 2 == 1) r.sampling.repetition_penalty = 1.3f;
+    reqs.push_back(std::move(r));
+  }
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "decode graphs" : "eager");
+    EngineShape host, device;
+    host.device_greedy = false;
+    host.device_top_k = false;
+    host.graphs = device.graphs = graphs;
+    auto host_engine = make_cuda_engine(t, host), device_engine = make_cuda_engine(t, device);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto want = run_all(*host_engine, {reqs[i]})[0];
+      EXPECT_EQ(want.size(), static_cast<size_t>(reqs[i].sampling.max_tokens)) << t.cases[i].name;
+      EXPECT_EQ(run_all(*device_engine, {reqs[i]})[0], want) << t.cases[i].name;
+    }
   }
 }
 

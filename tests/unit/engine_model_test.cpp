@@ -49,7 +49,7 @@ using WrapRunner = std::function<std::unique_ptr<ModelRunner>(std::unique_ptr<Mo
 
 std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64_t pool_pages, int page_size = 4,
                                          bool decode_graphs = false, bool device_greedy = true,
-                                         const WrapRunner& wrap = {}) {
+                                         const WrapRunner& wrap = {}, bool device_top_k = true) {
   TinyModel& t = tiny();
   EngineOptions eo;
   eo.max_running = max_running;
@@ -57,6 +57,7 @@ std::unique_ptr<Engine> make_tiny_engine(int max_running, int step_tokens, int64
   eo.max_context = 256;
   eo.eos_token_ids = {151645, 151643};
   eo.device_greedy = device_greedy;
+  eo.device_top_k = device_top_k;
   Qwen3VLRunnerOptions ro;
   ro.limits = runner_limits(eo, page_size, /*max_image_patches=*/64);
   ro.kv_dtype = DType::kF32;
@@ -272,6 +273,10 @@ class ForwardingRunner : public ModelRunner {
   Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
     return inner_->forward_greedy(step, cache, tokens);
   }
+  Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
+    return inner_->forward_top_k(step, cache, keys);
+  }
+  Status logits_row(int64_t r, std::span<float> out) override { return inner_->logits_row(r, out); }
 
  protected:
   std::unique_ptr<ModelRunner> inner_;
@@ -300,11 +305,15 @@ class GreedyCheckRunner final : public ForwardingRunner {
     }
     return Status::ok();
   }
-  // The engine's own greedy steps run through the checking forward() above too (ModelRunner's
-  // default), not straight to the wrapped runner.
+  // The engine's own greedy and candidate steps run through the checking forward() above too
+  // (ModelRunner's defaults), not straight to the wrapped runner.
   Status forward_greedy(const StepInput& step, const KvCacheView& cache, std::span<int32_t> tokens) override {
     return ModelRunner::forward_greedy(step, cache, tokens);
   }
+  Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
+    return ModelRunner::forward_top_k(step, cache, keys);
+  }
+  Status logits_row(int64_t r, std::span<float> out) override { return ModelRunner::logits_row(r, out); }
 
  private:
   std::shared_ptr<GreedyCheck> check_;
@@ -312,7 +321,7 @@ class GreedyCheckRunner final : public ForwardingRunner {
 
 // Passes every call through, counting the steps that took each path.
 struct PathCounts {
-  int forward = 0, greedy = 0;
+  int forward = 0, greedy = 0, top_k = 0, whole_rows = 0;
 };
 class CountingRunner final : public ForwardingRunner {
  public:
@@ -326,9 +335,33 @@ class CountingRunner final : public ForwardingRunner {
     ++counts_->greedy;
     return inner_->forward_greedy(step, cache, tokens);
   }
+  Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
+    ++counts_->top_k;
+    return inner_->forward_top_k(step, cache, keys);
+  }
+  Status logits_row(int64_t r, std::span<float> out) override {
+    ++counts_->whole_rows;
+    return inner_->logits_row(r, out);
+  }
 
  private:
   std::shared_ptr<PathCounts> counts_;
+};
+
+// Marks every third row of the candidate steps kTopKFallback, as a device does for a row with a
+// NaN or more candidates than it holds.
+class FallbackRunner final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
+    QVL_RETURN_IF_ERROR(inner_->forward_top_k(step, cache, keys));
+    for (size_t r = 0; r < step.logits_rows.size(); ++r)
+      if (++rows_ % 3 == 0) keys[r * kSampleCandidates] = kTopKFallback;
+    return Status::ok();
+  }
+
+ private:
+  int rows_ = 0;
 };
 
 // Five requests of a busy run: three greedy ones (prompt salts 0, 6 and 7, whose greedy tokens
@@ -383,8 +416,10 @@ TEST(EngineModel, DeviceGreedyOnAndOffGiveTheSameTokens) {
       };
     };
     // 7-row steps and 30 pages: chunked prompts, preemption.
-    auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/false, counting(host_counts));
-    auto device = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(device_counts));
+    auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/false, counting(host_counts),
+                                 /*device_top_k=*/false);
+    auto device = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(device_counts),
+                                   /*device_top_k=*/false);
     const auto want = run_all(*host, reqs);
     const auto got = run_all(*device, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -402,6 +437,65 @@ TEST(EngineModel, DeviceGreedyOnAndOffGiveTheSameTokens) {
     EXPECT_EQ(host_counts->greedy, 0);
     EXPECT_GT(before, 0);                          // the mixed runs had all-greedy steps
     EXPECT_GE(device_counts->greedy - before, 9);  // at least the 9 decode steps after the first token
+  }
+}
+
+// Sampled requests through the candidate keys (ModelRunner::forward_top_k: the CPU backend's
+// top_k_rows inside the real runner) give the host sampler's tokens over whole rows, for
+// Qwen's defaults, penalties (which sometimes leave a row to its whole logits) and greedy with a
+// penalty, side by side with plain greedy requests, eager and through the decode graph shapes.
+TEST(EngineModel, CandidateSamplingGivesTheWholeRowTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(make_request({random_image(2, 2 + 2 * (i % 2), 60 + i)}, i, 24));
+  auto sampled = [](GenerationRequest& r, float t, int k, float p, uint64_t seed) {
+    r.sampling.temperature = t;
+    r.sampling.top_k = k;
+    r.sampling.top_p = p;
+    r.sampling.seed = seed;
+  };
+  sampled(reqs[0], 0.7f, 20, 0.8f, 1);  // Qwen3-VL's generation_config
+  sampled(reqs[1], 1.0f, 40, 1.0f, 2);
+  reqs[1].sampling.repetition_penalty = 1.3f;
+  sampled(reqs[2], 0.5f, 5, 0.9f, 3);
+  reqs[2].sampling.presence_penalty = 1.5f;
+  reqs[2].sampling.frequency_penalty = 0.5f;
+  sampled(reqs[3], 1.5f, 63, 0.95f, 4);
+  reqs[3].sampling.min_p = 0.05f;
+  reqs[4].sampling.repetition_penalty = 2.0f;  // greedy with a penalty
+  // reqs[5] plain greedy
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "decode graphs" : "eager");
+    auto host_counts = std::make_shared<PathCounts>(), keys_counts = std::make_shared<PathCounts>();
+    auto counting = [](std::shared_ptr<PathCounts> c) {
+      return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
+        return std::make_unique<CountingRunner>(std::move(inner), c);
+      };
+    };
+    auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(host_counts),
+                                 /*device_top_k=*/false);
+    auto keys = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(keys_counts),
+                                 /*device_top_k=*/true);
+    const auto want = run_all(*host, reqs);
+    const auto got = run_all(*keys, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(want[i].size(), 24u) << "request " << i;
+      EXPECT_EQ(got[i], want[i]) << "request " << i;
+    }
+    EXPECT_EQ(host_counts->top_k, 0);
+    EXPECT_GT(keys_counts->top_k, 24);  // every step with a logits row of the busy run
+    // Rows whose keys say "take the whole row" (as a NaN or a full device buffer does) fetch
+    // their logits and still give the same tokens.
+    auto fallback_counts = std::make_shared<PathCounts>();
+    auto fallback = make_tiny_engine(
+        4, 7, 30, 4, graphs, /*device_greedy=*/true,
+        [&](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
+          return std::make_unique<FallbackRunner>(std::make_unique<CountingRunner>(std::move(inner), fallback_counts));
+        },
+        /*device_top_k=*/true);
+    EXPECT_EQ(run_all(*fallback, reqs), want);
+    EXPECT_GT(fallback_counts->whole_rows, 10);
+    // The same seed again, alone: the draws do not depend on the batch or on the path.
+    EXPECT_EQ(run_all(*keys, {reqs[0]})[0], want[0]);
   }
 }
 

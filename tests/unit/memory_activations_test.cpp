@@ -119,8 +119,8 @@ TEST(Activations, DecoderLogitsRowsAreBoundedByTheStep) {
 TEST(Activations, StepInputs) {
   // 2048 rows, 4 sequences of 256 pages: ids 8192, logits rows 16 -> 256, positions 24576,
   // slots 8192, query_start 20 -> 256, context_len 16 -> 256, page_table 4 × 256 × 4 = 4096,
-  // greedy ids 16 -> 256.
-  EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 256 + 24576 + 8192 + 256 + 256 + 4096 + 256);
+  // greedy ids 16 -> 256, candidate keys 4 × 64 × 8 = 2048.
+  EXPECT_EQ(step_input_bytes(2048, 4, 256), 8192 + 256 + 24576 + 8192 + 256 + 256 + 4096 + 256 + 2048);
 }
 
 TEST(Activations, RunnerBuffers) {

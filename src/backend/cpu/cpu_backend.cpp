@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/top_k.h"
 #include "image/image.h"
 
 namespace qvl {
@@ -88,6 +89,17 @@ class CpuBackend final : public Backend {
         if (best < 0 ? !std::isnan(row[i]) : row[i] > row[best]) best = i;
       }
       ids.as<int32_t>()[r] = static_cast<int32_t>(std::max<int64_t>(best, 0));
+    }
+  }
+  void top_k_rows(Tensor keys, const Tensor& logits) override {
+    QVL_CHECK(keys.dtype == DType::kI64 && keys.ndim == 2 && logits.ndim == 2 && keys.dim(0) == logits.dim(0))
+        << "top_k_rows " << keys.describe() << " of " << logits.describe();
+    QVL_CHECK(logits.dtype == DType::kF32 || logits.dtype == DType::kBF16) << "top_k over " << logits.describe();
+    const int64_t V = logits.dim(1), k = keys.dim(1);
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int64_t r = 0; r < logits.dim(0); ++r) {
+      cpu::to_f32(logits.data, logits.dtype, r * V, V, row.data());
+      top_k_keys(row, std::span(reinterpret_cast<uint64_t*>(keys.as<int64_t>()) + r * k, static_cast<size_t>(k)));
     }
   }
   void convert(Tensor out, const Tensor& x) override {

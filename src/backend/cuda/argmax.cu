@@ -1,14 +1,24 @@
-// Greedy sampling on the device: the index of each logits row's largest entry, so that a greedy
-// decode step brings back 4 bytes per sequence instead of the whole [rows, vocab] block.
+// Sampling on the device: a decode step brings back a few bytes per sequence instead of the whole
+// [rows, vocab] block of logits.
 //
-// One kernel: each row is split over `splits` blocks; every block scans its slice (16-byte
-// loads, each thread in increasing index order) and folds its best (value, index) into one
-// 64-bit key per row with atomicMax; the last block of a row to arrive (a per-row arrival
-// counter, as the split decode attention does) writes the index and resets the key and the
-// counter to zero for the next launch. The key is (value in an order-preserving unsigned form)
-// << 32 | (0xffffffff - index): the largest value wins and, among equal values, the smallest
+// Greedy (argmax_rows): the index of each logits row's largest entry. One kernel: each row is
+// split over `splits` blocks; every block scans its slice (16-byte loads, each thread in
+// increasing index order) and folds its best (value, index) into one 64-bit key per row with
+// atomicMax; the last block of a row to arrive (a per-row arrival counter, as the split decode
+// attention does) writes the index and resets the key and the counter to zero for the next
+// launch. The key is that of backend/top_k.h: (value in an order-preserving unsigned form) <<
+// 32 | (0xffffffff - index), so the largest value wins and, among equal values, the smallest
 // index, which is torch.argmax's and std::max_element's choice. NaN entries are skipped; -0 is
 // counted as +0 (they compare equal); a row with nothing but NaN gives index 0.
+//
+// Candidates (top_k_rows): the k largest keys of each row, one block of 1024 threads per row.
+// Pass 1: each thread's largest key over its entries (and whether any is NaN: the row then
+// falls back). The k-th largest of these 1024 maxima is a lower bound of the row's k-th largest
+// key, since k threads hold an entry at least that large. Pass 2 gathers every key at or above
+// it into shared memory (for rows of random-like logits a few more than k), and a bitonic sort
+// of them gives the answer. Keys are distinct, so the result does not depend on the order the
+// gathering found them in. More than kTopKCapacity candidates (a row built against the
+// threads' stride) fall back.
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -33,6 +43,12 @@ __device__ __forceinline__ float load_float(const bf16* p, int64_t i) {
 }
 __device__ __forceinline__ float load_float(const float* p, int64_t i) {
   return p[i];
+}
+
+// The value a key was made from (-0 comes back as +0).
+__device__ __forceinline__ float key_value(unsigned long long key) {
+  const uint32_t ordered = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
 }
 
 // Visits one candidate in increasing index order: the first non-NaN value, then strictly larger.
@@ -84,6 +100,108 @@ __global__ void argmax_rows_kernel(int32_t* ids, const T* logits, int64_t vocab,
   ids[row] = final_key == 0 ? 0 : static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(final_key));
 }
 
+constexpr int kTopKThreads = 1024;
+static_assert(kTopKMaxKeys <= kTopKThreads, "the bound is the k-th of the threads' maxima");
+constexpr int kTopKCapacity = 2048;  // candidates one block sorts (16 KB of shared memory)
+
+// Sorts s[0, n) descending; n a power of two <= 2 * kTopKThreads. Every thread of the block calls it.
+__device__ void bitonic_sort_desc(unsigned long long* s, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < n / 2; t += blockDim.x) {
+        const int i = ((t & ~(stride - 1)) << 1) | (t & (stride - 1));  // bit `stride` of i is clear
+        const unsigned long long a = s[i], b = s[i + stride];
+        const bool descending = (i & size) == 0;  // the last merge (size == n) is descending everywhere
+        if ((a < b) == descending) {
+          s[i] = b;
+          s[i + stride] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Visits entry i of a thread in increasing index order: the largest value, first on ties.
+__device__ __forceinline__ void consider_top(float v, int64_t i, float& best, int64_t& best_i, bool& nan) {
+  nan |= isnan(v);
+  consider(v, i, best, best_i);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTopKThreads)
+    top_k_rows_kernel(unsigned long long* keys, const T* logits, int64_t vocab, int k, bool vec) {
+  grid_dep_wait();
+  grid_dep_launch();
+  __shared__ unsigned long long s[kTopKCapacity];
+  __shared__ unsigned int count;
+  const int row = blockIdx.x;
+  const T* x = logits + static_cast<int64_t>(row) * vocab;
+  unsigned long long* out = keys + static_cast<int64_t>(row) * k;
+  constexpr int kPer = 16 / sizeof(T);
+
+  // Pass 1: this thread's largest key, and NaN.
+  float best = 0.0f;
+  int64_t best_i = -1;
+  bool nan = false;
+  if (vec) {
+    for (int64_t v = threadIdx.x; v < vocab / kPer; v += kTopKThreads) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) consider_top(load_float(e, j), v * kPer + j, best, best_i, nan);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += kTopKThreads) consider_top(load_float(x, i), i, best, best_i, nan);
+  }
+  s[threadIdx.x] = best_i < 0 ? 0ull : argmax_key(best, best_i);
+  if (threadIdx.x == 0) count = 0;
+  const int any_nan = __syncthreads_or(nan);
+  if (any_nan) {
+    for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j == 0 ? ~0ull : 0ull;
+    return;
+  }
+  bitonic_sort_desc(s, kTopKThreads);
+  // The bound: keys below it cannot be among the row's k largest. With fewer than k numbers
+  // among the maxima (a row shorter than the block), every number is a candidate.
+  const unsigned long long bound = max(s[k - 1], 1ull);
+  const float bound_value = s[k - 1] == 0 ? -INFINITY : key_value(bound);
+  __syncthreads();  // everyone has read the bound before the candidates overwrite s
+
+  // Pass 2: gather the candidates (a float comparison first; the key only for the few that pass).
+  auto gather = [&](float v, int64_t i) {
+    if (v >= bound_value) {
+      const unsigned long long key = argmax_key(v, i);
+      if (key >= bound) {
+        const unsigned int at = atomicAdd(&count, 1u);
+        if (at < kTopKCapacity) s[at] = key;
+      }
+    }
+  };
+  if (vec) {
+    for (int64_t v = threadIdx.x; v < vocab / kPer; v += kTopKThreads) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) gather(load_float(e, j), v * kPer + j);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += kTopKThreads) gather(load_float(x, i), i);
+  }
+  __syncthreads();
+  const unsigned int n = count;
+  if (n > kTopKCapacity) {
+    for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j == 0 ? ~0ull : 0ull;
+    return;
+  }
+  int padded = 2;
+  while (padded < static_cast<int>(n)) padded <<= 1;
+  for (int j = static_cast<int>(n) + threadIdx.x; j < padded; j += kTopKThreads) s[j] = 0ull;
+  __syncthreads();
+  bitonic_sort_desc(s, padded);
+  for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j < padded ? s[j] : 0ull;
+}
+
 }  // namespace
 
 void launch_argmax_rows(const LaunchContext& ctx, Tensor ids, const Tensor& logits, void* scratch,
@@ -114,6 +232,30 @@ void launch_argmax_rows(const LaunchContext& ctx, Tensor ids, const Tensor& logi
     } else {
       launch(ctx, "argmax_rows", argmax_rows_kernel<float>, grid, dim3(kArgmaxThreads), 0, out,
              logits.as<const float>() + r0 * vocab, vocab, slice, vec, keys, counters);
+    }
+  }
+}
+
+void launch_top_k_rows(const LaunchContext& ctx, Tensor keys, const Tensor& logits) {
+  QVL_CHECK(keys.dtype == DType::kI64 && keys.ndim == 2 && keys.device == Device::kCuda) << keys.describe();
+  QVL_CHECK(logits.ndim == 2 && logits.device == Device::kCuda) << logits.describe();
+  QVL_CHECK(logits.dtype == DType::kBF16 || logits.dtype == DType::kF32) << "top_k over " << logits.describe();
+  QVL_CHECK_EQ(keys.dim(0), logits.dim(0)) << keys.describe() << " for " << logits.describe();
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1), k = keys.dim(1);
+  QVL_CHECK(k >= 1 && k <= kTopKMaxKeys) << "top_k_rows: k = " << k << " (1.." << kTopKMaxKeys << ")";
+  QVL_CHECK(vocab > 0 && vocab <= INT32_MAX) << "top_k ids are int32: " << logits.describe();
+  if (rows == 0) return;
+  const size_t esize = dtype_size(logits.dtype);
+  const bool vec = reinterpret_cast<uintptr_t>(logits.data) % 16 == 0 && (vocab * esize) % 16 == 0;
+  auto* out = reinterpret_cast<unsigned long long*>(keys.data);
+  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
+    const int64_t n = std::min<int64_t>(65535, rows - r0);
+    if (logits.dtype == DType::kBF16) {
+      launch(ctx, "top_k_rows", top_k_rows_kernel<bf16>, dim3(static_cast<unsigned>(n)), dim3(kTopKThreads), 0,
+             out + r0 * k, logits.as<const bf16>() + r0 * vocab, vocab, static_cast<int>(k), vec);
+    } else {
+      launch(ctx, "top_k_rows", top_k_rows_kernel<float>, dim3(static_cast<unsigned>(n)), dim3(kTopKThreads), 0,
+             out + r0 * k, logits.as<const float>() + r0 * vocab, vocab, static_cast<int>(k), vec);
     }
   }
 }

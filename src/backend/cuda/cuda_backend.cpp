@@ -220,6 +220,12 @@ void CudaBackend::argmax_rows(Tensor ids, const Tensor& logits) {
   cuda::launch_argmax_rows(ctx_, ids, logits, argmax_scratch(), kArgmaxScratchBytes);
 }
 
+void CudaBackend::top_k_rows(Tensor keys, const Tensor& logits) {
+  flush();
+  if (ctx_.profiler) note("top_k_rows " + logits.shape_string(), 2.0 * static_cast<double>(logits.nbytes()));
+  cuda::launch_top_k_rows(ctx_, keys, logits);
+}
+
 void CudaBackend::convert(Tensor out, const Tensor& x) {
   flush();
   if (out.dtype == x.dtype) return copy(out, x);

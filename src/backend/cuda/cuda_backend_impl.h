@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   void linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) override;
   void silu_mul(Tensor out, const Tensor& gate_up) override;
   void argmax_rows(Tensor ids, const Tensor& logits) override;
+  void top_k_rows(Tensor keys, const Tensor& logits) override;
   void convert(Tensor out, const Tensor& x) override;
   void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge, int temporal) override;
   void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override;

@@ -172,6 +172,9 @@ void configure_skinny(int ring_smem);
 // kArgmaxMaxRows keys and counters, zero (and left zero).
 void launch_argmax_rows(const LaunchContext& ctx, Tensor ids, const Tensor& logits, void* scratch,
                         size_t scratch_bytes);
+// keys[r] = row r's k largest keys, descending (Backend::top_k_rows, backend/top_k.h); k <= kTopKMaxKeys.
+inline constexpr int kTopKMaxKeys = 1024;
+void launch_top_k_rows(const LaunchContext& ctx, Tensor keys, const Tensor& logits);
 
 // ---- decode_stack.cu: Backend::decoder_stack for one sequence (sm_90+) ----
 inline constexpr int kStackMaxLayers = 40;
