@@ -345,9 +345,13 @@ void EngineImpl::run_step(Scheduler::Plan& plan) {
           std::span<const uint64_t>(keys).subspan(static_cast<size_t>(r) * kSampleCandidates, kSampleCandidates);
       if (sampled[r]->sampler->candidates_decide(row_keys)) continue;
       whole_row[static_cast<size_t>(r)] = 1;
-      Status fetched = runner_->logits_row(
-          r, std::span<float>(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab)));
-      if (!fetched.is_ok()) errors[static_cast<size_t>(r)] = fetched.to_string();
+      try {
+        Status fetched = runner_->logits_row(
+            r, std::span<float>(logits_.data() + static_cast<size_t>(r) * vocab, static_cast<size_t>(vocab)));
+        if (!fetched.is_ok()) errors[static_cast<size_t>(r)] = fetched.to_string();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("fetching the logits row: ") + e.what();
+      }
     }
   }
   // Greedy steps only record their tokens: no threads for that.

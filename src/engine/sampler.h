@@ -21,7 +21,9 @@
 // (a token below (1 - top_p) · Z / n can never be: all of them together weigh less than the
 // mass top-p removes); each token's weight is computed once. About 0.2 ms per row with Qwen's
 // defaults (top-k 20), about 1 ms over the whole vocabulary; the engine samples the rows of a
-// step in parallel.
+// step in parallel. From a row's 64 largest logits (sample_candidates, what a device sends
+// instead of the row) the same steps run over those 64 alone, after a check that no token left
+// out could have survived top-k.
 #pragma once
 
 #include <cstdint>
