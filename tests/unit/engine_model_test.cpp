@@ -348,6 +348,13 @@ class CountingRunner final : public ForwardingRunner {
   std::shared_ptr<PathCounts> counts_;
 };
 
+// Wraps an engine's runner in a CountingRunner that counts into `c`.
+WrapRunner counting(std::shared_ptr<PathCounts> c) {
+  return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
+    return std::make_unique<CountingRunner>(std::move(inner), c);
+  };
+}
+
 // Marks every third row of the candidate steps kTopKFallback, as a device does for a row with a
 // NaN or more candidates than it holds.
 class FallbackRunner final : public ForwardingRunner {
@@ -410,11 +417,6 @@ TEST(EngineModel, DeviceGreedyOnAndOffGiveTheSameTokens) {
   for (bool graphs : {false, true}) {
     SCOPED_TRACE(graphs ? "decode graphs" : "eager");
     auto host_counts = std::make_shared<PathCounts>(), device_counts = std::make_shared<PathCounts>();
-    auto counting = [](std::shared_ptr<PathCounts> c) {
-      return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
-        return std::make_unique<CountingRunner>(std::move(inner), c);
-      };
-    };
     // 7-row steps and 30 pages: chunked prompts, preemption.
     auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/false, counting(host_counts),
                                  /*device_top_k=*/false);
@@ -466,11 +468,6 @@ TEST(EngineModel, CandidateSamplingGivesTheWholeRowTokens) {
   for (bool graphs : {false, true}) {
     SCOPED_TRACE(graphs ? "decode graphs" : "eager");
     auto host_counts = std::make_shared<PathCounts>(), keys_counts = std::make_shared<PathCounts>();
-    auto counting = [](std::shared_ptr<PathCounts> c) {
-      return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
-        return std::make_unique<CountingRunner>(std::move(inner), c);
-      };
-    };
     auto host = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(host_counts),
                                  /*device_top_k=*/false);
     auto keys = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(keys_counts),
