@@ -28,17 +28,17 @@ inline constexpr int kSampleCandidates = 64;
 
 inline constexpr uint64_t kTopKFallback = ~uint64_t{0};
 
-inline uint64_t logit_key(float v, int64_t index) {
+constexpr uint64_t logit_key(float v, int64_t index) {
   uint32_t u = std::bit_cast<uint32_t>(v);
   if (u == 0x80000000u) u = 0;
   const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (uint64_t{ordered} << 32) | (0xffffffffu - static_cast<uint32_t>(index));
 }
-inline float logit_key_value(uint64_t key) {
+constexpr float logit_key_value(uint64_t key) {
   const uint32_t ordered = static_cast<uint32_t>(key >> 32);
   return std::bit_cast<float>((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
 }
-inline int32_t logit_key_index(uint64_t key) {
+constexpr int32_t logit_key_index(uint64_t key) {
   return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
 }
 

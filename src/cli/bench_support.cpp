@@ -237,6 +237,7 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
   std::vector<uint16_t> bits(logits.dtype == DType::kBF16 ? rows.size() : 0);
   std::vector<uint64_t> host_keys(static_cast<size_t>(B * K));
   std::vector<int32_t> tokens(static_cast<size_t>(B));
+  std::vector<char> whole(static_cast<size_t>(B));  // rows the keys leave undecided
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(B, omp_get_max_threads())));
   // logits rows [r0, r0 + n) -> rows, as f32 (the runner's conversion: one thread).
   auto fetch = [&](int64_t r0, int64_t n) {
@@ -260,10 +261,10 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
   for (int i = 0; i < steps; ++i) {
     run_step(true);
     be.copy_to_host(host_keys.data(), keys);
-    std::vector<char> whole(static_cast<size_t>(B), 0);
     for (int64_t b = 0; b < B; ++b) {
-      if (samplers[static_cast<size_t>(b)].candidates_decide(std::span(host_keys).subspan(b * K, K))) continue;
-      whole[static_cast<size_t>(b)] = 1;
+      whole[static_cast<size_t>(b)] =
+          !samplers[static_cast<size_t>(b)].candidates_decide(std::span(host_keys).subspan(b * K, K));
+      if (!whole[static_cast<size_t>(b)]) continue;
       fetch(b, 1);
       ++out.whole_rows;
     }

@@ -6,9 +6,10 @@
 // separately, with the logits copied to the host and argmax'd every step as a plain engine loop
 // would; and sampled as a chat request is by default, temperature 0.7 / top-k 20 / top-p 0.8,
 // from the rows' candidate keys as the engine samples (`tokens_per_s_sampled`) and from the
-// whole rows brought to the host (`tokens_per_s_sampled_rows`)), peak device memory, bytes read per decode step and
-// decode as a fraction of the bandwidth floor (those bytes over a device-to-device copy bandwidth measured here,
-// counting read + write: the better of a copy before the weights are loaded and one after the work).
+// whole rows brought to the host (`tokens_per_s_sampled_rows`)), peak device memory, bytes read
+// per decode step and decode as a fraction of the bandwidth floor (those bytes over a
+// device-to-device copy bandwidth measured here, counting read + write: the better of a copy
+// before the weights are loaded and one after the work).
 //
 //   qvl bench MODEL|--model M [--image-size 1024x768|none] [--prompt-tokens 24] [--gen-tokens 64]
 //             [--batch 1,8,32] [--backend cuda|cpu] [--repeat 5] [--no-graphs] [--profile] [--out FILE]
@@ -432,13 +433,21 @@ Status run_bench(const BenchOptions& o) {
     in.token_ids = s.ids;
     in.logits_rows = s.logits_rows;
     const std::string key = "bench/decode/b" + std::to_string(B) + "/p" + std::to_string(P);
-    auto step = [&](int st) {
+    // The candidate keys of a sampled step (with_keys), taken in the step's graph as the engine
+    // takes them.
+    QVL_ASSIGN_OR_RETURN(DeviceBuffer keys_buf,
+                         be.allocate(static_cast<size_t>(B) * kSampleCandidates * sizeof(uint64_t), "bench keys"));
+    const Tensor keys(keys_buf.data(), DType::kI64, {B, kSampleCandidates}, be.device());
+    auto step = [&](int st, bool with_keys = false) {
       be.copy(step_block, g_stage.rows(st, st + 1));
-      auto fwd = [&] { model->forward(batch, in, cache, s.logits, arena); };
+      auto fwd = [&] {
+        model->forward(batch, in, cache, s.logits, arena);
+        if (with_keys) be.top_k_rows(keys, s.logits);
+      };
       if (o.no_graphs)
         fwd();
       else
-        be.run_graph(key, fwd);
+        be.run_graph(with_keys ? key + "/top-k" : key, fwd);
     };
     int st = 0;
     for (; st < 4; ++st) step(st);  // records the graph, warms up
@@ -479,28 +488,10 @@ Status run_bench(const BenchOptions& o) {
     }
     const double sync_step_ms = ms_since(t) / sync_steps;
     // Sampled as a chat request is by default: the rows to the host for the sampler, or their
-    // candidate keys, taken in the step's graph (the engine's two paths).
-    QVL_ASSIGN_OR_RETURN(DeviceBuffer keys_buf,
-                         be.allocate(static_cast<size_t>(B) * kSampleCandidates * 8, "bench keys"));
-    const Tensor keys(keys_buf.data(), DType::kI64, {B, kSampleCandidates}, be.device());
-    auto keyed_step = [&](int st) {
-      be.copy(step_block, g_stage.rows(st, st + 1));
-      auto fwd = [&] {
-        model->forward(batch, in, cache, s.logits, arena);
-        be.top_k_rows(keys, s.logits);
-      };
-      if (o.no_graphs)
-        fwd();
-      else
-        be.run_graph(key + "/top-k", fwd);
-    };
-    keyed_step(st++);  // records
-    const SampledSteps sampled = time_sampled_steps(be, s.logits, keys, sync_steps, [&](bool with_keys) {
-      if (with_keys)
-        keyed_step(st++);
-      else
-        step(st++);
-    });
+    // candidate keys (the engine's two paths).
+    step(st++, true);  // records the keyed graph
+    const SampledSteps sampled =
+        time_sampled_steps(be, s.logits, keys, sync_steps, [&](bool with_keys) { step(st++, with_keys); });
 #ifdef QVL_HAVE_CUDA
     if (o.decode_attention_trace && B == 1)
       trace_json = decode_trace_summary(cuda_decode_attention_trace(be), tc.num_hidden_layers);

@@ -18,16 +18,16 @@
 namespace qvl {
 
 struct SamplingParams {
-  float temperature = 1.0f;   // 0 = greedy
-  float top_p = 1.0f;         // (0, 1]
-  int top_k = 0;              // 0 = off
-  float min_p = 0.0f;         // [0, 1]
+  float temperature = 1.0f;         // 0 = greedy
+  float top_p = 1.0f;               // (0, 1]
+  int top_k = 0;                    // 0 = off
+  float min_p = 0.0f;               // [0, 1]
   float repetition_penalty = 1.0f;  // HF style: divide positive / multiply negative logits of seen tokens
   float presence_penalty = 0.0f;    // OpenAI style, on generated tokens
   float frequency_penalty = 0.0f;   // OpenAI style, on generated tokens
   std::optional<uint64_t> seed;     // same seed + same input -> same tokens
   int max_tokens = 256;
-  std::vector<std::string> stop;    // stop strings (not included in the output)
+  std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;
 };
 
@@ -46,7 +46,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;    // chat-templated, image pads expanded (one run per image)
   std::vector<PreparedImage> images;  // in prompt order
   SamplingParams sampling;
-  std::string request_id;             // for logs and metrics
+  std::string request_id;  // for logs and metrics
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -58,23 +58,23 @@ struct Usage {
 };
 
 struct Timings {
-  double queue_ms = 0;       // submit -> first scheduled
-  double vision_ms = 0;      // vision encoder
-  double prefill_ms = 0;     // prompt processing, vision excluded
-  double ttft_ms = 0;        // submit -> first token
-  double decode_ms = 0;      // first token -> last token
+  double queue_ms = 0;    // submit -> first scheduled
+  double vision_ms = 0;   // vision encoder
+  double prefill_ms = 0;  // prompt processing, vision excluded
+  double ttft_ms = 0;     // submit -> first token
+  double decode_ms = 0;   // first token -> last token
   double decode_tokens_per_s = 0;
 };
 
 struct GenerationEvent {
   enum class Kind { kDelta, kFinished };
   Kind kind = Kind::kDelta;
-  std::vector<int32_t> token_ids;  // tokens completed since the last event
-  std::string text;                // UTF-8 text that became final since the last event
+  std::vector<int32_t> token_ids;                    // tokens completed since the last event
+  std::string text;                                  // UTF-8 text that became final since the last event
   FinishReason finish_reason = FinishReason::kNone;  // kFinished only
-  Status error;                                     // kFinished with kError only
-  Usage usage;                                      // kFinished: totals
-  Timings timings;                                  // kFinished
+  Status error;                                      // kFinished with kError only
+  Usage usage;                                       // kFinished: totals
+  Timings timings;                                   // kFinished
 };
 
 // The consumer side of one request. next() blocks until an event arrives or the timeout

@@ -118,7 +118,6 @@ class Qwen3VLRunner final : public ModelRunner {
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     const int vocab = info_.vocab_size;
     QVL_CHECK_EQ(static_cast<int64_t>(logits_out.size()), R * vocab);
-    last_rows_ = 0;
     const Tensor logits = run(step, cache, Pick::kLogits, nullptr);
     if (R == 0) {
       backend_->synchronize();
@@ -134,7 +133,6 @@ class Qwen3VLRunner final : public ModelRunner {
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     QVL_CHECK_EQ(static_cast<int64_t>(tokens.size()), R);
     if (R == 0) return forward(step, cache, {});
-    last_rows_ = 0;
     Tensor ids;
     run(step, cache, Pick::kGreedy, &ids);
     backend_->copy_to_host(tokens.data(), ids);
@@ -146,12 +144,10 @@ class Qwen3VLRunner final : public ModelRunner {
   Status forward_top_k(const StepInput& step, const KvCacheView& cache, std::span<uint64_t> keys) override {
     const int64_t R = static_cast<int64_t>(step.logits_rows.size());
     QVL_CHECK_EQ(static_cast<int64_t>(keys.size()), R * kSampleCandidates);
-    last_rows_ = 0;
     if (R == 0) return forward(step, cache, {});
     Tensor keys_dev;
     run(step, cache, Pick::kTopK, &keys_dev);
     backend_->copy_to_host(keys.data(), keys_dev);
-    last_rows_ = R;
     return Status::ok();
   }
 
@@ -194,6 +190,7 @@ class Qwen3VLRunner final : public ModelRunner {
     QVL_CHECK(P > 0 && P <= limits_.max_pages_per_seq) << "page table of " << P << " columns";
     QVL_CHECK_LE(R, B);
     const int vocab = info_.vocab_size;
+    last_rows_ = pick == Pick::kTopK ? R : 0;
 
     // A decode-only step (one row per sequence, no image rows) may replay a recording: give it
     // the bucketed shape the recording was made with.
@@ -292,7 +289,7 @@ class Qwen3VLRunner final : public ModelRunner {
   DeviceBuffer staging_buffer_;  // host memory for the vision uploads (Backend::allocate_host)
   Arena arena_;
   std::vector<uint16_t> host_logits_;
-  int64_t last_rows_ = 0;  // logits rows of the last forward_top_k (logits_row may read them)
+  int64_t last_rows_ = 0;  // logits rows of the last step if it was a kTopK one (logits_row reads them)
   bool decode_graphs_ = false;
   std::vector<int32_t> wide_page_table_;
   std::vector<uint8_t> staging_;  // host mirror of the step inputs buffer

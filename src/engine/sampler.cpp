@@ -282,7 +282,8 @@ int Sampler::decode_candidates(std::span<const uint64_t> keys) {
 // Token `id`'s score can only be lower than its logit (can_sample_candidates), and every token
 // missing from the keys has a logit <= `last`, the smallest one there. So the candidates decide
 // greedy when their best score beats `last`, and top-k when their k-th best does: no missing
-// token can then reach what survives.
+// token can then reach what survives. Leaves scratch().keyed penalised and scratch().keyed_kth
+// set for sample_candidates (unless the keys are the whole row).
 bool Sampler::candidates_decide(std::span<const uint64_t> keys) {
   if (keys.empty() || keys[0] == kTopKFallback) return false;
   const int n = decode_candidates(keys);
@@ -290,12 +291,13 @@ bool Sampler::candidates_decide(std::span<const uint64_t> keys) {
   if (n < static_cast<int>(keys.size()) || !can_sample_candidates()) return false;
   const float last = sc_->keyed.back().score;
   sc_->kth.clear();
-  for (const Candidate& c : sc_->keyed) sc_->kth.push_back(penalized(c.id, c.score));
+  for (Candidate& c : sc_->keyed) sc_->kth.push_back(c.score = penalized(c.id, c.score));
   if (greedy()) return *std::max_element(sc_->kth.begin(), sc_->kth.end()) > last;
   const int k = params_.top_k;
   if (k >= n) return false;
   std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
-  return sc_->kth[static_cast<size_t>(k - 1)] > last;
+  sc_->keyed_kth = sc_->kth[static_cast<size_t>(k - 1)];
+  return sc_->keyed_kth > last;
 }
 
 int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
@@ -308,7 +310,6 @@ int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
   }
   // What sample() computes on the whole row, over the only tokens that can survive: the
   // penalised scores in token-id order, then the same top-k, weights, top-p, min-p and draw.
-  for (Candidate& c : sc_->keyed) c.score = penalized(c.id, c.score);
   std::sort(sc_->keyed.begin(), sc_->keyed.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
   if (greedy()) {
     size_t best = 0;
@@ -317,14 +318,9 @@ int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
     return sc_->keyed[best].id;
   }
   all_survive_ = false;
-  sc_->kth.clear();
-  for (const Candidate& c : sc_->keyed) sc_->kth.push_back(c.score);
-  const int k = params_.top_k;
-  std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
-  const float kth = sc_->kth[static_cast<size_t>(k - 1)];
   sc_->cand.clear();
   for (const Candidate& c : sc_->keyed)
-    if (c.score >= kth) sc_->cand.push_back({c.id, c.score, 0.0f});
+    if (c.score >= sc_->keyed_kth) sc_->cand.push_back({c.id, c.score, 0.0f});
   return draw(filter_survivors(weigh_candidates()));
 }
 

@@ -132,7 +132,8 @@ class Sampler {
     std::vector<Candidate> cand;
     std::vector<float> full_weights;
     std::vector<float> kth;
-    std::vector<Candidate> keyed;  // decoded candidate keys
+    std::vector<Candidate> keyed;  // decoded candidate keys (penalised by candidates_decide)
+    float keyed_kth = 0;           // their k-th best score (top-k), from candidates_decide
   };
   static Scratch& scratch();
   Scratch* sc_ = nullptr;

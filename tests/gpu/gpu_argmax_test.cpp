@@ -13,6 +13,7 @@
 // against the kernel's thread stride (more candidates than a block holds) must come back as
 // kTopKFallback, every other row as the CPU's keys.
 #include <cmath>
+#include <functional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/top_k.h"
@@ -94,6 +95,16 @@ std::vector<int32_t> ids_of(Backend& be, const Tensor& t) {
   return v;
 }
 
+// One summary row for a comparison of `op` over rows: `bad` rows differed from the CPU's,
+// `host_bad` of the CPU's from the host rule.
+void record_rows(const std::string& op, DType dt, int64_t offset, const std::string& shape, int64_t bad,
+                 int64_t host_bad) {
+  CheckRow row{op + " " + std::string(dtype_name(dt)) + (offset ? " misaligned" : ""), shape};
+  row.max_abs = static_cast<double>(bad);
+  row.pass = bad == 0 && host_bad == 0;
+  record(row);
+}
+
 // Runs both backends over `x` and compares the ids.
 void check(const std::string& what, DType dt, int64_t rows, int64_t vocab, const std::vector<float>& x,
            int64_t offset = 0) {
@@ -119,10 +130,7 @@ void check(const std::string& what, DType dt, int64_t rows, int64_t vocab, const
     }
   }
   EXPECT_EQ(host_bad, 0) << what << ": the CPU backend and greedy_argmax disagree";
-  CheckRow row{std::string("argmax_rows ") + std::string(dtype_name(dt)) + (offset ? " misaligned" : ""), what};
-  row.max_abs = static_cast<double>(bad);
-  row.pass = bad == 0 && host_bad == 0;
-  record(row);
+  record_rows("argmax_rows", dt, offset, what, bad, host_bad);
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << rows << " rows differ";
 }
 
@@ -142,27 +150,39 @@ TEST(GpuArgmax, MatchesTheCpuBackend) {
   }
 }
 
-TEST(GpuArgmax, GraphReplayTakesNewLogits) {
-  QVL_REQUIRE_CUDA();
+// Records `op` over BF16 logits [5, 151936] as a graph in round 0 and replays it in rounds 1 and 2
+// over new logits at the same addresses; every round's output (dtype, dims) must be the CPU's.
+void check_graph_replay(const std::string& op_name, DType out_dtype, std::initializer_list<int64_t> out_dims,
+                        const std::function<void(Backend&, Tensor, const Tensor&)>& op) {
   Backend& be = *cuda();
   const int64_t rows = 5, vocab = 151936;
   Scratch s;
-  Tensor logits = s.alloc(be, DType::kBF16, {rows, vocab}), ids = s.alloc(be, DType::kI32, {rows});
-  Tensor lc = s.alloc(cpu(), DType::kBF16, {rows, vocab}), ic = s.alloc(cpu(), DType::kI32, {rows});
+  Tensor logits = s.alloc(be, DType::kBF16, {rows, vocab}), out = s.alloc(be, out_dtype, out_dims);
+  Tensor lc = s.alloc(cpu(), DType::kBF16, {rows, vocab}), oc = s.alloc(cpu(), out_dtype, out_dims);
+  auto bytes = [](Backend& b, const Tensor& t) {
+    std::vector<uint8_t> v(static_cast<size_t>(t.nbytes()));
+    b.copy_to_host(v.data(), t);
+    return v;
+  };
   for (int round = 0; round < 3; ++round) {
-    // Round 0 records, rounds 1 and 2 replay over new contents at the same addresses.
     std::vector<uint16_t> b = to_bf16_bits(tricky_logits(rows, vocab));
     be.copy_to_device(logits, b.data());
     cpu().copy_to_device(lc, b.data());
-    be.run_graph("argmax-test", [&] { be.argmax_rows(ids, logits); });
-    cpu().argmax_rows(ic, lc);
-    const bool same = ids_of(be, ids) == ids_of(cpu(), ic);
-    CheckRow row{"argmax_rows graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
+    be.run_graph(op_name + "-test", [&] { op(be, out, logits); });
+    op(cpu(), oc, lc);
+    const bool same = bytes(be, out) == bytes(cpu(), oc);
+    CheckRow row{op_name + " graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
     row.pass = same;
     record(row);
-    EXPECT_TRUE(same) << "round " << round;
+    EXPECT_TRUE(same) << op_name << " round " << round;
   }
   be.clear_graphs();
+}
+
+TEST(GpuArgmax, GraphReplayTakesNewLogits) {
+  QVL_REQUIRE_CUDA();
+  check_graph_replay("argmax_rows", DType::kI32, {5},
+                     [](Backend& b, Tensor ids, const Tensor& logits) { b.argmax_rows(ids, logits); });
 }
 
 std::vector<uint64_t> keys_of(Backend& be, const Tensor& t) {
@@ -209,11 +229,8 @@ void check_top_k(const std::string& what, DType dt, int64_t rows, int64_t vocab,
     }
   }
   EXPECT_EQ(host_bad, 0) << what << ": the CPU backend and top_k_keys disagree";
-  CheckRow row{std::string("top_k_rows ") + std::string(dtype_name(dt)) + (offset ? " misaligned" : ""),
-               what + " k " + std::to_string(k) + (fallbacks ? " +fallback" : "")};
-  row.max_abs = static_cast<double>(bad);
-  row.pass = bad == 0 && host_bad == 0;
-  record(row);
+  record_rows("top_k_rows", dt, offset, what + " k " + std::to_string(k) + (fallbacks ? " +fallback" : ""), bad,
+              host_bad);
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << rows << " rows differ";
 }
 
@@ -249,24 +266,8 @@ TEST(GpuTopK, TooManyCandidatesFallBack) {
 
 TEST(GpuTopK, GraphReplayTakesNewLogits) {
   QVL_REQUIRE_CUDA();
-  Backend& be = *cuda();
-  const int64_t rows = 5, vocab = 151936;
-  Scratch s;
-  Tensor logits = s.alloc(be, DType::kBF16, {rows, vocab}), keys = s.alloc(be, DType::kI64, {rows, kSampleCandidates});
-  Tensor lc = s.alloc(cpu(), DType::kBF16, {rows, vocab}), kc = s.alloc(cpu(), DType::kI64, {rows, kSampleCandidates});
-  for (int round = 0; round < 3; ++round) {
-    std::vector<uint16_t> b = to_bf16_bits(tricky_logits(rows, vocab));
-    be.copy_to_device(logits, b.data());
-    cpu().copy_to_device(lc, b.data());
-    be.run_graph("top-k-test", [&] { be.top_k_rows(keys, logits); });
-    cpu().top_k_rows(kc, lc);
-    const bool same = keys_of(be, keys) == keys_of(cpu(), kc);
-    CheckRow row{"top_k_rows graph", "round " + std::to_string(round) + (round ? " (replay)" : " (record)")};
-    row.pass = same;
-    record(row);
-    EXPECT_TRUE(same) << "round " << round;
-  }
-  be.clear_graphs();
+  check_graph_replay("top_k_rows", DType::kI64, {5, kSampleCandidates},
+                     [](Backend& b, Tensor keys, const Tensor& logits) { b.top_k_rows(keys, logits); });
 }
 
 }  // namespace

@@ -348,6 +348,19 @@ class CountingRunner final : public ForwardingRunner {
   std::shared_ptr<PathCounts> counts_;
 };
 
+// Runs `reqs` on `a`, then on `b`: every request gives `tokens` tokens, the same on both. Returns
+// a's tokens.
+std::vector<std::vector<int32_t>> expect_same_tokens(Engine& a, Engine& b, const std::vector<GenerationRequest>& reqs,
+                                                     size_t tokens) {
+  const auto want = run_all(a, reqs);
+  const auto got = run_all(b, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(want[i].size(), tokens) << "request " << i;
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+  return want;
+}
+
 // Wraps an engine's runner in a CountingRunner that counts into `c`.
 WrapRunner counting(std::shared_ptr<PathCounts> c) {
   return [c](std::unique_ptr<ModelRunner> inner) -> std::unique_ptr<ModelRunner> {
@@ -422,12 +435,7 @@ TEST(EngineModel, DeviceGreedyOnAndOffGiveTheSameTokens) {
                                  /*device_top_k=*/false);
     auto device = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(device_counts),
                                    /*device_top_k=*/false);
-    const auto want = run_all(*host, reqs);
-    const auto got = run_all(*device, reqs);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(want[i].size(), 10u) << "request " << i;
-      EXPECT_EQ(got[i], want[i]) << "request " << i;
-    }
+    const auto want = expect_same_tokens(*host, *device, reqs, 10);
     ASSERT_TRUE(want[0] != want[3] && want[0] != want[4] && want[3] != want[4]) << "the greedy requests must differ";
     // Without the sampled request, a penalised row is the only thing keeping a step on the host.
     const std::vector<GenerationRequest> no_sampled = {reqs[0], reqs[2], reqs[3], reqs[4]};
@@ -472,12 +480,7 @@ TEST(EngineModel, CandidateSamplingGivesTheWholeRowTokens) {
                                  /*device_top_k=*/false);
     auto keys = make_tiny_engine(4, 7, 30, 4, graphs, /*device_greedy=*/true, counting(keys_counts),
                                  /*device_top_k=*/true);
-    const auto want = run_all(*host, reqs);
-    const auto got = run_all(*keys, reqs);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(want[i].size(), 24u) << "request " << i;
-      EXPECT_EQ(got[i], want[i]) << "request " << i;
-    }
+    const auto want = expect_same_tokens(*host, *keys, reqs, 24);
     EXPECT_EQ(host_counts->top_k, 0);
     EXPECT_GT(keys_counts->top_k, 24);  // every step with a logits row of the busy run
     // Rows whose keys say "take the whole row" (as a NaN or a full device buffer does) fetch

@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/top_k.h"
 
 namespace qvl::cuda {
 namespace {
@@ -31,13 +32,6 @@ constexpr int kArgmaxThreads = 256;
 constexpr int64_t kArgmaxMinSlice = kArgmaxThreads * 16;
 constexpr int kArgmaxMaxSplits = 64;
 
-__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t index) {
-  uint32_t u = __float_as_uint(v);
-  if (u == 0x80000000u) u = 0;  // -0 == +0: equal values, so the smaller index decides
-  const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<unsigned long long>(ordered) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
-}
-
 __device__ __forceinline__ float load_float(const bf16* p, int64_t i) {
   return __bfloat162float(p[i]);
 }
@@ -45,17 +39,28 @@ __device__ __forceinline__ float load_float(const float* p, int64_t i) {
   return p[i];
 }
 
-// The value a key was made from (-0 comes back as +0).
-__device__ __forceinline__ float key_value(unsigned long long key) {
-  const uint32_t ordered = static_cast<uint32_t>(key >> 32);
-  return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
-}
-
 // Visits one candidate in increasing index order: the first non-NaN value, then strictly larger.
 __device__ __forceinline__ void consider(float v, int64_t i, float& best, int64_t& best_i) {
   if (best_i < 0 ? !isnan(v) : v > best) {
     best = v;
     best_i = i;
+  }
+}
+
+// Calls f(value, index) for this thread's entries of a row of n, in increasing index order: the
+// 16-byte vectors threadIdx.x, threadIdx.x + blockDim.x, ... when `vec`, else single entries.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_entry(const T* x, int64_t n, bool vec, F&& f) {
+  if (vec) {
+    constexpr int kPer = 16 / sizeof(T);
+    for (int64_t v = threadIdx.x; v < n / kPer; v += blockDim.x) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) f(load_float(e, j), v * kPer + j);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) f(load_float(x, i), i);
   }
 }
 
@@ -69,18 +74,9 @@ __global__ void argmax_rows_kernel(int32_t* ids, const T* logits, int64_t vocab,
   const int64_t begin = blockIdx.x * slice, end = min(vocab, begin + slice);
   float best = 0.0f;
   int64_t best_i = -1;
-  if (vec) {  // slice and vocab are multiples of 8, rows 16-byte aligned
-    constexpr int kPer = 16 / sizeof(T);
-    for (int64_t v = begin / kPer + threadIdx.x; v < end / kPer; v += kArgmaxThreads) {
-      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) consider(load_float(e, k), v * kPer + k, best, best_i);
-    }
-  } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kArgmaxThreads) consider(load_float(x, i), i, best, best_i);
-  }
-  unsigned long long key = best_i < 0 ? 0ull : argmax_key(best, best_i);
+  // With `vec`, slice and vocab are multiples of 8: every slice starts 16-byte aligned.
+  for_each_entry(x + begin, end - begin, vec, [&](float v, int64_t i) { consider(v, begin + i, best, best_i); });
+  unsigned long long key = best_i < 0 ? 0ull : logit_key(best, best_i);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xffffffffu, key, o));
   __shared__ unsigned long long warp_keys[kArgmaxThreads / 32];
@@ -97,7 +93,7 @@ __global__ void argmax_rows_kernel(int32_t* ids, const T* logits, int64_t vocab,
   __threadfence();
   const unsigned long long final_key = atomicExch(&keys[row], 0ull);
   counters[row] = 0;
-  ids[row] = final_key == 0 ? 0 : static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(final_key));
+  ids[row] = final_key == 0 ? 0 : logit_key_index(final_key);
 }
 
 constexpr int kTopKThreads = 1024;
@@ -122,12 +118,6 @@ __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
   }
 }
 
-// Visits entry i of a thread in increasing index order: the largest value, first on ties.
-__device__ __forceinline__ void consider_top(float v, int64_t i, float& best, int64_t& best_i, bool& nan) {
-  nan |= isnan(v);
-  consider(v, i, best, best_i);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kTopKThreads)
     top_k_rows_kernel(unsigned long long* keys, const T* logits, int64_t vocab, int k, bool vec) {
@@ -135,65 +125,41 @@ __global__ void __launch_bounds__(kTopKThreads)
   grid_dep_launch();
   __shared__ unsigned long long s[kTopKCapacity];
   __shared__ unsigned int count;
-  const int row = blockIdx.x;
-  const T* x = logits + static_cast<int64_t>(row) * vocab;
-  unsigned long long* out = keys + static_cast<int64_t>(row) * k;
-  constexpr int kPer = 16 / sizeof(T);
+  const T* x = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  unsigned long long* out = keys + static_cast<int64_t>(blockIdx.x) * k;
+  auto fall_back = [&] {
+    for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j == 0 ? kTopKFallback : 0ull;
+  };
 
   // Pass 1: this thread's largest key, and NaN.
   float best = 0.0f;
   int64_t best_i = -1;
   bool nan = false;
-  if (vec) {
-    for (int64_t v = threadIdx.x; v < vocab / kPer; v += kTopKThreads) {
-      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) consider_top(load_float(e, j), v * kPer + j, best, best_i, nan);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < vocab; i += kTopKThreads) consider_top(load_float(x, i), i, best, best_i, nan);
-  }
-  s[threadIdx.x] = best_i < 0 ? 0ull : argmax_key(best, best_i);
+  for_each_entry(x, vocab, vec, [&](float v, int64_t i) {
+    nan |= isnan(v);
+    consider(v, i, best, best_i);
+  });
+  s[threadIdx.x] = best_i < 0 ? 0ull : logit_key(best, best_i);
   if (threadIdx.x == 0) count = 0;
-  const int any_nan = __syncthreads_or(nan);
-  if (any_nan) {
-    for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j == 0 ? ~0ull : 0ull;
-    return;
-  }
+  if (__syncthreads_or(nan)) return fall_back();
   bitonic_sort_desc(s, kTopKThreads);
   // The bound: keys below it cannot be among the row's k largest. With fewer than k numbers
   // among the maxima (a row shorter than the block), every number is a candidate.
   const unsigned long long bound = max(s[k - 1], 1ull);
-  const float bound_value = s[k - 1] == 0 ? -INFINITY : key_value(bound);
+  const float bound_value = s[k - 1] == 0 ? -INFINITY : logit_key_value(bound);
   __syncthreads();  // everyone has read the bound before the candidates overwrite s
 
   // Pass 2: gather the candidates (a float comparison first; the key only for the few that pass).
-  auto gather = [&](float v, int64_t i) {
-    if (v >= bound_value) {
-      const unsigned long long key = argmax_key(v, i);
-      if (key >= bound) {
-        const unsigned int at = atomicAdd(&count, 1u);
-        if (at < kTopKCapacity) s[at] = key;
-      }
-    }
-  };
-  if (vec) {
-    for (int64_t v = threadIdx.x; v < vocab / kPer; v += kTopKThreads) {
-      const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) gather(load_float(e, j), v * kPer + j);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < vocab; i += kTopKThreads) gather(load_float(x, i), i);
-  }
+  for_each_entry(x, vocab, vec, [&](float v, int64_t i) {
+    if (v < bound_value) return;
+    const unsigned long long key = logit_key(v, i);
+    if (key < bound) return;
+    const unsigned int at = atomicAdd(&count, 1u);
+    if (at < kTopKCapacity) s[at] = key;
+  });
   __syncthreads();
   const unsigned int n = count;
-  if (n > kTopKCapacity) {
-    for (int j = threadIdx.x; j < k; j += kTopKThreads) out[j] = j == 0 ? ~0ull : 0ull;
-    return;
-  }
+  if (n > kTopKCapacity) return fall_back();
   int padded = 2;
   while (padded < static_cast<int>(n)) padded <<= 1;
   for (int j = static_cast<int>(n) + threadIdx.x; j < padded; j += kTopKThreads) s[j] = 0ull;
@@ -243,21 +209,18 @@ void launch_top_k_rows(const LaunchContext& ctx, Tensor keys, const Tensor& logi
   QVL_CHECK_EQ(keys.dim(0), logits.dim(0)) << keys.describe() << " for " << logits.describe();
   const int64_t rows = logits.dim(0), vocab = logits.dim(1), k = keys.dim(1);
   QVL_CHECK(k >= 1 && k <= kTopKMaxKeys) << "top_k_rows: k = " << k << " (1.." << kTopKMaxKeys << ")";
-  QVL_CHECK(vocab > 0 && vocab <= INT32_MAX) << "top_k ids are int32: " << logits.describe();
+  QVL_CHECK(vocab > 0 && vocab <= INT32_MAX && rows <= INT32_MAX) << "top_k_rows over " << logits.describe();
   if (rows == 0) return;
   const size_t esize = dtype_size(logits.dtype);
   const bool vec = reinterpret_cast<uintptr_t>(logits.data) % 16 == 0 && (vocab * esize) % 16 == 0;
   auto* out = reinterpret_cast<unsigned long long*>(keys.data);
-  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
-    const int64_t n = std::min<int64_t>(65535, rows - r0);
-    if (logits.dtype == DType::kBF16) {
-      launch(ctx, "top_k_rows", top_k_rows_kernel<bf16>, dim3(static_cast<unsigned>(n)), dim3(kTopKThreads), 0,
-             out + r0 * k, logits.as<const bf16>() + r0 * vocab, vocab, static_cast<int>(k), vec);
-    } else {
-      launch(ctx, "top_k_rows", top_k_rows_kernel<float>, dim3(static_cast<unsigned>(n)), dim3(kTopKThreads), 0,
-             out + r0 * k, logits.as<const float>() + r0 * vocab, vocab, static_cast<int>(k), vec);
-    }
-  }
+  const dim3 grid(static_cast<unsigned>(rows));  // rows <= the runner's sequences
+  if (logits.dtype == DType::kBF16)
+    launch(ctx, "top_k_rows", top_k_rows_kernel<bf16>, grid, dim3(kTopKThreads), 0, out, logits.as<const bf16>(), vocab,
+           static_cast<int>(k), vec);
+  else
+    launch(ctx, "top_k_rows", top_k_rows_kernel<float>, grid, dim3(kTopKThreads), 0, out, logits.as<const float>(),
+           vocab, static_cast<int>(k), vec);
 }
 
 }  // namespace qvl::cuda
