@@ -61,6 +61,7 @@ Result<BackendChoice> make_backend(const EngineArgs& args) {
     out.device.sm_count = info.multiprocessors;
     out.device.total_bytes = static_cast<int64_t>(info.total_memory);
     out.device.free_bytes = static_cast<int64_t>(now.free_memory);
+    out.device.workspaces_allocated = true;
     return out;
   }
 #else

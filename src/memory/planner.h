@@ -195,6 +195,7 @@ struct MemoryPlan {
   int64_t cuda_modules = 0;         // the arch table (0 when overridden)
   int64_t backend_workspace = 0;    // the CUDA backend's own workspaces (cuda_backend_workspace_bytes)
   int64_t fp8_act_workspace = 0;    // of which the W8A8 activation scratch (0 where it is not allocated)
+  int64_t dequant_workspace = 0;    // and the FP8 dequant workspace (FP8 models; made at load, not with the backend)
   bool runtime_overridden = false;  // options.cuda_overhead_bytes replaced the table
   int64_t runtime_total() const { return cuda_context + cuda_modules + backend_workspace; }
 

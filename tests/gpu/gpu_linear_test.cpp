@@ -288,7 +288,7 @@ TEST(GpuOps, LinearFp8) {
       {77, 2048, {1024}, true, false, none, 2},                  // skinny passes (<= 128 rows)
       {128, 512, {640}, true, true, none, 0},
       {129, 2048, {2048, 512, 512}, true, false, none, 0},  // dequant + cuBLASLt
-      {300, 1024, {4100}, true, true, none, 1},             // dequant in several chunks
+      {300, 1024, {4100}, true, true, none, 1},             // dequant + cuBLASLt, N off the 128 grid
   };
   for (const Case& c : cases) run_case(c);
 }
@@ -463,6 +463,44 @@ TEST(GpuOps, LinearFp8DequantOption) {
   auto be = make_cuda_backend(o);
   ASSERT_TRUE(be.is_ok()) << be.status().to_string();
   run_case({130, 2560, {2560}, true, false, Activation::kNone, 2}, **be, Expect::kDequant);
+}
+
+// A dequant workspace smaller than the weights: the Linear runs in several chunks of equal whole
+// 128-row blocks. 1 MiB holds 512 rows of K = 1024 (4 blocks); 1100 rows are 9 blocks, so three
+// chunks of 3 blocks: 384 + 384 + 332 rows. With block scales and with per-row scales (parts off
+// the 128 grid), a bias and a residual, against the CPU oracle.
+TEST(GpuOps, LinearFp8DequantChunks) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  o.dequant_workspace_bytes = size_t{1} << 20;
+  auto be = make_cuda_backend(o);
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  run_case({300, 1024, {1100}, true, true, Activation::kNone, 1}, **be, Expect::kDequant);
+  run_case({300, 1024, {600, 500}, true, false, Activation::kNone, 2}, **be, Expect::kDequant);
+  run_case({150, 2048, {700}, true, true, Activation::kGeluTanh, 0}, **be, Expect::kDequant);  // 256-row chunks
+}
+
+// The FP8 dequant workspace comes with the first FP8 Linear a backend loads, once, and not with
+// a BF16 one: what the memory planner counts for FP8 models only (MemoryPlan::dequant_workspace).
+TEST(GpuOps, DequantWorkspaceComesWithTheFirstFp8Linear) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  auto be = make_cuda_backend(o);
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  auto load = [&](bool fp8) {
+    const int64_t before = cuda_memory_stats(**be).allocated_bytes;
+    HostPart h = make_part(256, 512, fp8, 0.05f);
+    LinearPart lp;
+    lp.weight = fp8 ? Tensor(h.fp8.data(), DType::kF8E4M3, {256, 512}) : Tensor(h.bf16.data(), DType::kBF16, {256, 512});
+    if (fp8) lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {2, 4});
+    auto w = (**be).load_linear({&lp, 1}, Tensor(), 128);
+    EXPECT_TRUE(w.is_ok()) << w.status().to_string();
+    return cuda_memory_stats(**be).allocated_bytes - before;
+  };
+  EXPECT_EQ(load(false), 256 * 512 * 2);  // BF16: the weights alone
+  const int64_t first = load(true), second = load(true);
+  EXPECT_EQ(second, 256 * 512 + 2 * 4 * 4);  // FP8: weights and scales
+  EXPECT_EQ(first - second, static_cast<int64_t>(o.dequant_workspace_bytes));
 }
 
 // A fresh backend holds exactly the workspaces the memory planner counts for this device: the

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "image/image.h"
+#include "backend/cuda/cuda_backend.h"
 #include "memory/planner.h"
 #include "model/presets.h"
 
@@ -181,6 +182,34 @@ TEST(PlannerRuntime, Fp8ActivationWorkspaceWhereW8A8Runs) {
   EXPECT_EQ(hopper.backend_workspace - dequant.backend_workspace, 16 * kMiB);
 }
 
+// The FP8 dequant workspace (48 MiB, CudaBackendOptions::dequant_workspace_bytes, whole 2 MiB
+// pages) is planned for FP8 models only, checkpoints or quantised at load, since the backend
+// allocates it with the first FP8 Linear. That happens after the free memory was measured, so
+// unlike the other workspaces it is not added back to a measured budget.
+TEST(PlannerRuntime, DequantWorkspaceForFp8ModelsOnly) {
+  RuntimeOptions o;
+  DeviceFacts d;
+  d.present = true;
+  d.name = "GPU 0 test";
+  d.compute_capability = 90;
+  d.sm_count = 132;
+  d.free_bytes = 60 * kGiB;
+  d.workspaces_allocated = true;
+  const int64_t ws = static_cast<int64_t>(CudaBackendOptions().dequant_workspace_bytes);
+  EXPECT_EQ(ws, 48 * kMiB);
+  const MemoryPlan bf16 = plan_ok(preset("4b"), o, d);
+  const MemoryPlan fp8 = plan_ok(preset("4b", true), o, d);
+  EXPECT_EQ(bf16.dequant_workspace, 0);
+  EXPECT_EQ(fp8.dequant_workspace, ws);
+  EXPECT_EQ(fp8.backend_workspace - bf16.backend_workspace, ws);
+  EXPECT_EQ(bf16.budget_bytes, 60 * kGiB - o.reserve_bytes + bf16.cuda_context + bf16.backend_workspace);
+  EXPECT_EQ(fp8.budget_bytes, bf16.budget_bytes);
+  o.fp8_weights = true;  // --fp8: a BF16 checkpoint quantised at load
+  const MemoryPlan at_load = plan_ok(preset("4b"), o, d);
+  EXPECT_TRUE(at_load.quantized_at_load);
+  EXPECT_EQ(at_load.dequant_workspace, ws);
+}
+
 // ---- KV cache ----
 
 TEST(PlannerKv, BytesPerToken) {
@@ -288,7 +317,8 @@ TEST(PlannerVerdict, CudaOverheadOverride) {
   EXPECT_TRUE(p.runtime_overridden);
   EXPECT_EQ(p.cuda_context, 300 * kMiB);
   EXPECT_EQ(p.cuda_modules, 0);
-  EXPECT_GT(p.backend_workspace, 64 * kMiB);  // cuBLASLt + FP8 dequant (32 MiB each) + decode splits
+  EXPECT_GT(p.backend_workspace, 32 * kMiB);  // cuBLASLt (32 MiB) + decode splits; a BF16 model has no FP8 dequant
+  EXPECT_EQ(p.dequant_workspace, 0);
 }
 
 TEST(PlannerVerdict, ArchTable) {

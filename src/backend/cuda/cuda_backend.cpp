@@ -38,7 +38,6 @@ Status CudaBackend::init() {
   fusion_ = options_.fuse_prologues;
   ctx_.skinny = options_.skinny;
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
-  QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
   if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {
     QVL_ASSIGN_OR_RETURN(fp8_act_ws_, allocate(bytes, "FP8 activation workspace"));
   }

@@ -17,8 +17,9 @@
 //   (bf16(float(w8) * scale)) into the dequant workspace and multiplied by cuBLASLt (W8A16);
 // - FP8 rows up to kSkinnyFp8MaxRows use the skinny kernels in passes of kSkinnyMaxRows instead
 //   (re-reading 1 byte per weight per pass beats writing and re-reading 2 bytes of BF16).
-// Every workspace is allocated once, when the backend is made, so nothing is allocated while
-// generating; cuda_backend_workspace_bytes() gives the exact total for the memory planner.
+// Every workspace is allocated once, when the backend is made (the FP8 dequant workspace: with
+// the first FP8 Linear loaded), so nothing is allocated while generating;
+// cuda_backend_workspace_bytes() and dequant_workspace_bytes give the memory planner the totals.
 //
 // KV cache: BF16, or FP8 E4M3 (KvCacheView::dtype): K and V are rounded to BF16 as the model
 // computes them, then cast to e4m3 with saturation at +-448 and no scale (the scale-free FP8
@@ -72,8 +73,13 @@ struct CudaBackendOptions {
   int device = 0;
   // cuBLASLt workspace (NVIDIA recommends 32 MiB on Hopper; graph capture needs a fixed one).
   size_t gemm_workspace_bytes = size_t{32} << 20;
-  // BF16 copy of FP8 weight rows for linears over more than kSkinnyFp8MaxRows rows.
-  size_t dequant_workspace_bytes = size_t{32} << 20;
+  // BF16 copy of FP8 weight rows for Linears over more than kSkinnyFp8MaxRows rows (prefill),
+  // allocated with the first FP8 Linear the backend loads (a BF16 model has none). A Linear is
+  // dequantised in equal chunks of whole 128-row blocks that fit. 48 MiB puts the 4B down_proj
+  // (2560 x 9728) in one chunk and every Qwen3-VL 2B / 4B / 8B FP8 Linear in chunks of at least
+  // 2048 rows. At 32 MiB that down_proj took two (1664 + 896 rows) whose GEMMs ran at 280 instead
+  // of 700 TFLOP/s: 4B FP8 prefill Linears 15.2 -> 13.0 ms on an H100 (CUDA_PERF_NOTES.md).
+  size_t dequant_workspace_bytes = size_t{48} << 20;
   CudaFp8Gemm fp8_gemm = CudaFp8Gemm::kDequant;
   // W8A8: the quantised activations of one cuBLASLt call (K bytes + ceil(K / 128) fp32 scales per
   // row) and the last rows' output; more rows than fit run as several calls (16 MiB: 1600 rows
@@ -193,9 +199,9 @@ inline size_t cuda_fp8_act_workspace_bytes(const CudaBackendOptions& o, int comp
   const bool can_run = compute_capability == 0 || compute_capability / 10 == 9;
   return o.fp8_gemm == CudaFp8Gemm::kW8A8 && can_run ? o.fp8_act_workspace_bytes : 0;
 }
+// What make_cuda_backend allocates; the dequant workspace comes later, with the first FP8 Linear.
 inline size_t cuda_backend_workspace_bytes(const CudaBackendOptions& o, int compute_capability) {
-  return o.gemm_workspace_bytes + o.dequant_workspace_bytes + cuda_fp8_act_workspace_bytes(o, compute_capability) +
-         cuda_decode_scratch_bytes(o);
+  return o.gemm_workspace_bytes + cuda_fp8_act_workspace_bytes(o, compute_capability) + cuda_decode_scratch_bytes(o);
 }
 
 struct CudaDeviceInfo {

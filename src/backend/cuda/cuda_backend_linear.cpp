@@ -113,6 +113,9 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
     merged.weight = wt;
   } else {
     if (block_size <= 0) return invalid_argument("load_linear: FP8 block size " + std::to_string(block_size));
+    if (dequant_ws_.size() == 0) {  // the first FP8 Linear: its prefill GEMMs need the workspace
+      QVL_ASSIGN_OR_RETURN(dequant_ws_, allocate(options_.dequant_workspace_bytes, "FP8 dequant workspace"));
+    }
     const int64_t kb = (in + block_size - 1) / block_size;
     // Block scales stay one row per block when every part but the last starts on a block
     // boundary (all Qwen3-VL shapes); otherwise each weight row gets its own scale row.
@@ -244,9 +247,16 @@ void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w
     const Tensor& scale = w.parts[0].scale_inv;
     const int bs = w.block_size;
     const int rows_per_scale = scale.dim(0) == (m + bs - 1) / bs ? bs : 1;
-    int64_t chunk = static_cast<int64_t>(dequant_ws_.size() / (static_cast<size_t>(k) * 2));
-    chunk = chunk >= bs ? chunk / bs * bs : chunk;
-    QVL_CHECK_GT(chunk, 0) << "FP8 dequant workspace of " << dequant_ws_.size() << " bytes holds no row of " << k;
+    // As few chunks as the workspace allows, of equal size in whole bs-row blocks (one short
+    // chunk would make a GEMM too narrow to fill the GPU).
+    const int64_t cap = static_cast<int64_t>(dequant_ws_.size() / (static_cast<size_t>(k) * 2));
+    QVL_CHECK_GT(cap, 0) << "FP8 dequant workspace of " << dequant_ws_.size() << " bytes holds no row of " << k;
+    int64_t chunk = cap;
+    if (cap >= bs) {
+      const int64_t blocks = (m + bs - 1) / bs, cap_blocks = cap / bs;
+      const int64_t chunks = (blocks + cap_blocks - 1) / cap_blocks;
+      chunk = (blocks + chunks - 1) / chunks * bs;
+    }
     for (int64_t r0 = 0; r0 < m; r0 += chunk) {
       const int64_t r1 = std::min(m, r0 + chunk);
       cuda::launch_dequant_fp8(ctx_, dequant_ws_.data(), weight, scale, rows_per_scale, bs, r0, r1);
