@@ -193,7 +193,7 @@ struct MemoryPlan {
   int sm_count = 0;
   int64_t cuda_context = 0;         // the arch table, or options.cuda_overhead_bytes
   int64_t cuda_modules = 0;         // the arch table (0 when overridden)
-  int64_t backend_workspace = 0;    // the CUDA backend's own workspaces (cuda_backend_workspace_bytes)
+  int64_t backend_workspace = 0;    // the CUDA backend's own workspaces (cuda_backend_workspace_bytes + dequant)
   int64_t fp8_act_workspace = 0;    // of which the W8A8 activation scratch (0 where it is not allocated)
   int64_t dequant_workspace = 0;    // and the FP8 dequant workspace (FP8 models; made at load, not with the backend)
   bool runtime_overridden = false;  // options.cuda_overhead_bytes replaced the table

@@ -491,7 +491,8 @@ TEST(GpuOps, DequantWorkspaceComesWithTheFirstFp8Linear) {
     const int64_t before = cuda_memory_stats(**be).allocated_bytes;
     HostPart h = make_part(256, 512, fp8, 0.05f);
     LinearPart lp;
-    lp.weight = fp8 ? Tensor(h.fp8.data(), DType::kF8E4M3, {256, 512}) : Tensor(h.bf16.data(), DType::kBF16, {256, 512});
+    lp.weight =
+        fp8 ? Tensor(h.fp8.data(), DType::kF8E4M3, {256, 512}) : Tensor(h.bf16.data(), DType::kBF16, {256, 512});
     if (fp8) lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {2, 4});
     auto w = (**be).load_linear({&lp, 1}, Tensor(), 128);
     EXPECT_TRUE(w.is_ok()) << w.status().to_string();

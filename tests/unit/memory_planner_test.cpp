@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "image/image.h"
 #include "backend/cuda/cuda_backend.h"
+#include "image/image.h"
 #include "memory/planner.h"
 #include "model/presets.h"
 

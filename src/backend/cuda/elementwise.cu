@@ -413,9 +413,10 @@ void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& 
     // prefill (H100, tools/bench/fp8_prefill_probe.cu): 4.43 ms against 5.03 with the usual cap
     // of 16 blocks per multiprocessor; 2 or 4 vectors per thread were slower (5.5-6.1 ms).
     const int64_t vectors = (r1 - r0) * cols / 16;
-    launch(ctx, "dequant_fp8", dequant_fp8_vec_kernel, dim3(static_cast<unsigned>(std::max<int64_t>(1, (vectors + 255) / 256))),
-           dim3(256), 0, static_cast<bf16*>(dst_bf16), w8.as<uint8_t>(), scale.as<float>(), r0,
-           static_cast<int>(r1 - r0), static_cast<int>(cols), static_cast<int>(scale.dim(1)), rows_per_scale, block);
+    launch(ctx, "dequant_fp8", dequant_fp8_vec_kernel,
+           dim3(static_cast<unsigned>(std::max<int64_t>(1, (vectors + 255) / 256))), dim3(256), 0,
+           static_cast<bf16*>(dst_bf16), w8.as<uint8_t>(), scale.as<float>(), r0, static_cast<int>(r1 - r0),
+           static_cast<int>(cols), static_cast<int>(scale.dim(1)), rows_per_scale, block);
     return;
   }
   launch(ctx, "dequant_fp8", dequant_fp8_kernel, dim3(grid_for((r1 - r0) * cols, 256, ctx.num_sms)), dim3(256), 0,
