@@ -10,9 +10,12 @@
 #   - the same --seed gives the same tokens, another seed other tokens;
 #   - a --stop string cut from a greedy answer ends the same run right before it (finish_reason
 #     "stop", the text up to the string, the tokens a prefix of the free run's);
+#   - --each: one request per image with the model loaded once, answers in the images' order (an
+#     example.jpg answer in a batch of two is the answer it gets alone), a missing image answered
+#     by its error in its place while the others are answered, exit status 1;
 #   - clear errors and a non-zero exit for a missing model, an unreadable / non-image / truncated
 #     image, more <image> markers than images, a prompt longer than the context, vqa without a
-#     question.
+#     question, --each without images, --parallel without --each.
 set -euo pipefail
 qvl="$1"
 tmp="$2/run_cli"
@@ -89,6 +92,36 @@ if (b.text !== want) { console.error('stop text', JSON.stringify(b.text), 'expec
 if (b.token_ids.join() !== a.token_ids.slice(0, b.token_ids.length).join()) { console.error('stop tokens are not a prefix'); process.exit(1); }
 " "$stop" || fail "stop string '$stop'"
 
+# ---- --each: every --image its own request, the model loaded once, the answers in order ----
+# example.jpg, small.png, a missing file, example.jpg again; two decoding at a time. The missing
+# file gets its error in its place (and on stderr), the others their answers, the exit status 1.
+if "$qvl" run --model tiny --each --parallel 2 --image "$img" --image "$tmp/small.png" --image "$tmp/nowhere.jpg" \
+  --image "$img" --task caption --max-tokens 12 --ignore-eos --temperature 0 --json >"$tmp/each.jsonl" \
+  2>"$tmp/each.err"; then fail "--each with a missing image exited 0"; fi
+grep -qF "nowhere.jpg" "$tmp/each.err" || fail "--each stderr lacks the missing image: $(cat "$tmp/each.err")"
+node -e "
+const fs = require('fs');
+const lines = fs.readFileSync('$tmp/each.jsonl', 'utf8').trim().split('\n').map(JSON.parse);
+const one = JSON.parse(fs.readFileSync('$tmp/caption.json', 'utf8'));
+const want = ['$img', '$tmp/small.png', '$tmp/nowhere.jpg', '$img'];
+const fail = (m) => { console.error(m); process.exit(1); };
+if (lines.map(l => l.image).join() !== want.join()) fail('images ' + lines.map(l => l.image).join());
+if (!lines[2].error || !lines[2].error.includes('nowhere.jpg') || lines[2].token_ids) fail('error line ' + JSON.stringify(lines[2]));
+for (const i of [0, 1, 3]) if (lines[i].token_ids.length !== 12 || lines[i].finish_reason !== 'length') fail('line ' + i);
+// the same greedy request alone (the caption above) and in the batch: the same tokens and prompt
+if (lines[0].token_ids.join() !== one.token_ids.join() || lines[3].token_ids.join() !== one.token_ids.join())
+  fail('example.jpg in the batch: ' + lines[0].token_ids + ' / ' + lines[3].token_ids + ', alone: ' + one.token_ids);
+if (lines[0].prompt_token_ids.join() !== one.prompt_token_ids.join()) fail('prompt differs from the single run');
+if (lines[1].prompt_token_ids.filter(t => t === 151655).length !== 70) fail('small.png pads');
+" || fail "--each --json"
+# text: an '== PATH' line before each answer, the answer the --json text
+"$qvl" run --model tiny --each --image "$tmp/small.png" --image "$img" --task caption --max-tokens 12 --ignore-eos \
+  --temperature 0 >"$tmp/each.txt" || fail "--each text exited non-zero"
+[ "$(grep -c '^== ' "$tmp/each.txt")" = 2 ] || fail "--each text headers: $(cat "$tmp/each.txt")"
+[ "$(sed -n 1p "$tmp/each.txt")" = "== $tmp/small.png" ] || fail "--each text order: $(head -1 "$tmp/each.txt")"
+{ echo "== $img"; cat "$tmp/caption.expected"; } >"$tmp/each_tail.expected"
+sed -n '/^== .*example.jpg$/,$p' "$tmp/each.txt" | cmp -s - "$tmp/each_tail.expected" || fail "--each text of example.jpg"
+
 # ---- errors: a clear message and a non-zero exit ----
 expect_error() {  # name, expected substring, command...
   local name="$1" want="$2"
@@ -107,4 +140,6 @@ expect_error too_many_markers "2 <image> markers but only 1 --image was given" \
 long_prompt=$(for i in $(seq 1 300); do printf 'word%d ' "$i"; done)
 expect_error too_long "the context of 256 tokens" "$qvl" run --model tiny --prompt "$long_prompt" --context 256
 expect_error vqa_question "--task vqa needs the question in --prompt" "$qvl" run --model tiny --image "$img" --task vqa
+expect_error each_no_image "--each answers every --image" "$qvl" run --model tiny --each --prompt hi
+expect_error parallel_alone "--parallel applies with --each" "$qvl" run --model tiny --parallel 2 --prompt hi
 echo "run_cli: ok"
