@@ -17,6 +17,17 @@ ModelConfig preset(const char* name, bool fp8 = false) {
   return preset_config(name, fp8).value();
 }
 
+// A GPU that is there, with its free memory measured.
+DeviceFacts present_gpu(int compute_capability, int sm_count, int64_t free_bytes) {
+  DeviceFacts d;
+  d.present = true;
+  d.name = "GPU 0 test";
+  d.compute_capability = compute_capability;
+  d.sm_count = sm_count;
+  d.free_bytes = free_bytes;
+  return d;
+}
+
 MemoryPlan plan_ok(const ModelConfig& c, const RuntimeOptions& o, const DeviceFacts& d = {}) {
   Result<MemoryPlan> p = plan(c, o, d);
   EXPECT_TRUE(p.is_ok()) << p.status().to_string();
@@ -188,12 +199,7 @@ TEST(PlannerRuntime, Fp8ActivationWorkspaceWhereW8A8Runs) {
 // unlike the other workspaces it is not added back to a measured budget.
 TEST(PlannerRuntime, DequantWorkspaceForFp8ModelsOnly) {
   RuntimeOptions o;
-  DeviceFacts d;
-  d.present = true;
-  d.name = "GPU 0 test";
-  d.compute_capability = 90;
-  d.sm_count = 132;
-  d.free_bytes = 60 * kGiB;
+  DeviceFacts d = present_gpu(90, 132, 60 * kGiB);
   d.workspaces_allocated = true;
   const int64_t ws = static_cast<int64_t>(CudaBackendOptions().dequant_workspace_bytes);
   EXPECT_EQ(ws, 48 * kMiB);
@@ -289,12 +295,7 @@ TEST(PlannerVerdict, NoBudgetWithoutGpuOrOption) {
 }
 
 TEST(PlannerVerdict, BudgetFromFreeMemoryMinusReserve) {
-  DeviceFacts d;
-  d.present = true;
-  d.name = "GPU 0 test";
-  d.compute_capability = 89;
-  d.sm_count = 24;
-  d.free_bytes = 7 * kGiB;
+  DeviceFacts d = present_gpu(89, 24, 7 * kGiB);
   RuntimeOptions o;
   MemoryPlan p = plan_ok(preset("2b"), o, d);
   ASSERT_TRUE(p.has_budget);
