@@ -19,6 +19,7 @@
 #include "cli/engine_args.h"
 #include "cli/model_args.h"
 #include "cli/prompt.h"
+#include "core/log.h"
 #include "engine/sampler.h"
 
 namespace qvl::cli {
@@ -224,10 +225,13 @@ int run(RunArgs& a) {
   if (a.o_parallel->count() && !a.each) return fail(invalid_argument("--parallel applies with --each"));
   if (a.parallel < 1) return fail(invalid_argument("--parallel " + std::to_string(a.parallel) + " must be >= 1"));
   const int parallel = a.each ? std::min(a.parallel, static_cast<int>(a.input.images.size())) : 1;
+  log_debug("run: start");
   RUN_ASSIGN_OR_FAIL(std::string dir, resolve_model_dir(a.model));
   RUN_ASSIGN_OR_FAIL(BackendChoice bc, make_backend(a.engine));
+  log_debug("run: backend ready");
   RUN_ASSIGN_OR_FAIL(LoadOptions lo, make_load_options(a.engine, dir, bc.device, parallel, parallel));
   RUN_ASSIGN_OR_FAIL(LoadedModel model, load_model(bc.backend, lo));
+  log_debug("run: model loaded");
   if (const std::string fit = auto_fit_report(model); !fit.empty()) std::fputs(fit.c_str(), stderr);
 
   SamplingParams sampling = sampling_from(a, model.config.generation);

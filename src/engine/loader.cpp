@@ -1,7 +1,9 @@
 #include "engine/loader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <future>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -65,6 +67,15 @@ std::string explain_plan_shortfall(const MemoryPlan& plan) {
 
 Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptions& options) {
   QVL_CHECK(backend != nullptr);
+  // Where the load's time goes (--log-level debug): each phase's milliseconds.
+  auto t = std::chrono::steady_clock::now();
+  auto phase = [&t](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.1f ms", std::chrono::duration<double, std::milli>(now - t).count());
+    log_debug(std::string("load: ") + name + " " + ms);
+    t = now;
+  };
   LoadedModel m;
   QVL_ASSIGN_OR_RETURN(m.config, load_model_config(options.model_dir));
   const bool on_cpu = backend->device() == Device::kCpu;
@@ -88,12 +99,15 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   }
   if (m.plan.has_budget && !m.plan.fits) return resource_exhausted(explain_plan_shortfall(m.plan));
   for (const auto& note : m.plan.notes) log_debug("plan: " + note);
+  phase("config and plan");
 
-  // 2. Tokenizer, weights, model.
+  // 2. Tokenizer, weights, model. The tokenizer (parsing Qwen's 11 MB tokenizer.json, a few
+  // hundred ms) loads on a thread of its own while the weights go to the device.
   const std::string tok_dir = options.tokenizer_dir.empty() ? options.model_dir : options.tokenizer_dir;
-  QVL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::load_dir(tok_dir));
+  auto tokenizer = std::async(std::launch::async, [tok_dir] { return Tokenizer::load_dir(tok_dir); });
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
+  phase("checkpoint opened");
   if (rt.fp8_weights && !m.config.quant.fp8) {
     QVL_ASSIGN_OR_RETURN(QuantizedWeights q, quantize_fp8_at_load(m.config, host, options.sampling_threads));
     log_info("FP8 weights: " + std::to_string(q.quantized_linears) +
@@ -109,6 +123,9 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
              mib(m.offload.staging_bytes) + " of device staging buffers");
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model,
                        Qwen3VLModel::create(*backend, m.config, std::move(weights)));
+  phase("weights on the device");
+  QVL_ASSIGN_OR_RETURN(m.tokenizer, tokenizer.get());
+  phase("tokenizer (after the weights)");
 
   // 3. Engine limits: exactly what the plan sized (runner buffers, page-table width).
   m.context_length = std::min<int64_t>(rt.context_tokens, m.config.text.max_position_embeddings);
@@ -132,6 +149,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   ro.decode_graphs = !on_cpu;
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                        make_qwen3vl_runner(backend, std::shared_ptr<const Qwen3VLModel>(std::move(model)), ro));
+  phase("runner");
 
   // 4. The KV pool: up to the plan's capacity (a budget) or `concurrency` full contexts.
   const KvLayout layout = runner->info().kv_layout;
@@ -152,6 +170,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                        make_engine(std::move(runner), std::move(pool), make_text_streams(m.tokenizer), eo));
   m.engine = std::move(engine);
+  phase("KV pool and engine");
 
   // What the image pipeline may produce: the checkpoint's processor settings, capped by the plan.
   const PreprocessorConfig& pc = m.config.preprocessor;
