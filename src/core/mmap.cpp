@@ -5,13 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <thread>
-#include <vector>
 
 namespace qvl {
 
@@ -44,24 +41,6 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   }
   ::close(fd);
   return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
-}
-
-void MappedFile::prefault(int threads) const {
-#ifdef MADV_POPULATE_READ
-  if (size_ == 0 || threads < 1) return;
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t per = (size_ / static_cast<size_t>(threads) + page) / page * page;
-  std::vector<std::thread> pool;
-  for (size_t off = 0; off < size_; off += per) {
-    pool.emplace_back([this, off, per] {
-      // Failure (an old kernel: EINVAL) leaves the pages to fault in later: nothing is lost.
-      madvise(const_cast<uint8_t*>(data_) + off, std::min(per, size_ - off), MADV_POPULATE_READ);
-    });
-  }
-  for (std::thread& t : pool) t.join();
-#else
-  (void)threads;
-#endif
 }
 
 MappedFile::~MappedFile() {

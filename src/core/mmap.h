@@ -23,10 +23,6 @@ class MappedFile {
   size_t size() const { return size_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
-  // Maps every page of the file in now, `threads` threads over disjoint ranges (madvise
-  // MADV_POPULATE_READ, Linux 5.14 and later; elsewhere nothing happens). A reader of the whole
-  // file, such as a weight upload, otherwise takes a page fault per 4 KiB as it goes.
-  void prefault(int threads) const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}

@@ -108,12 +108,6 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
   phase("checkpoint opened");
-  if (!on_cpu) {
-    // Every weight goes to the device: map the files' pages in first, 8 threads at a time,
-    // instead of a page fault per 4 KiB during the copies.
-    for (const auto& file : checkpoint.files()) file->mapping()->prefault(8);
-    phase("checkpoint pages mapped");
-  }
   if (rt.fp8_weights && !m.config.quant.fp8) {
     QVL_ASSIGN_OR_RETURN(QuantizedWeights q, quantize_fp8_at_load(m.config, host, options.sampling_threads));
     log_info("FP8 weights: " + std::to_string(q.quantized_linears) +
