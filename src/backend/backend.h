@@ -310,6 +310,11 @@ class Backend {
   // Forgets every recording (before freeing memory that a recording uses).
   virtual void clear_graphs() {}
 
+  // ---- loading ----
+  // Called once the model's weights are loaded: a backend may release what it kept to upload
+  // them (CUDA: its pinned staging buffers). Loading more afterwards still works.
+  virtual void end_loading() {}
+
   // ---- layer offload (memory/offload.h) ----
   // Whether the four calls below work (the defaults fail).
   virtual bool can_stream_weights() const { return false; }

@@ -123,6 +123,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
              mib(m.offload.staging_bytes) + " of device staging buffers");
   QVL_ASSIGN_OR_RETURN(std::unique_ptr<Qwen3VLModel> model,
                        Qwen3VLModel::create(*backend, m.config, std::move(weights)));
+  backend->end_loading();
   phase("weights on the device");
   QVL_ASSIGN_OR_RETURN(m.tokenizer, tokenizer.get());
   phase("tokenizer (after the weights)");

@@ -504,6 +504,45 @@ TEST(GpuOps, DequantWorkspaceComesWithTheFirstFp8Linear) {
   EXPECT_EQ(first - second, static_cast<int64_t>(o.dequant_workspace_bytes));
 }
 
+// Weights past CudaBackend's 4 MiB staging threshold go up through its two pinned 32 MiB buffers:
+// a tensor of 3 chunks and a few bytes (the last chunk partial), and a BF16 Linear of two parts
+// whose second starts mid-chunk, come back byte for byte; so does one loaded after end_loading()
+// released the buffers (they are made again).
+TEST(GpuOps, StagedWeightUploadsKeepEveryByte) {
+  QVL_REQUIRE_CUDA();
+  auto be = make_cuda_backend(CudaBackendOptions());
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  auto pattern = [](size_t n, uint32_t seed) {
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>((i * 2654435761u + seed) >> 7);
+    return v;
+  };
+  auto round_trip = [&](const std::vector<uint16_t>& host, const Tensor& dev) {
+    std::vector<uint16_t> back(host.size());
+    (**be).copy_to_host(back.data(), dev);
+    return back == host;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const size_t n = 3 * (size_t{32} << 20) / 2 + 12345;  // BF16 elements: 96 MiB + 24,690 bytes
+    const std::vector<uint16_t> big = pattern(n, 7 + pass);
+    auto t = (**be).load_tensor(Tensor(const_cast<uint16_t*>(big.data()), DType::kBF16, {static_cast<int64_t>(n)}),
+                                DType::kBF16);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_TRUE(round_trip(big, *t)) << "tensor, pass " << pass;
+    // q|k stacked: 5000 + 3000 rows of K = 2048 (19.5 + 11.7 MiB).
+    const std::vector<uint16_t> a = pattern(5000 * 2048, 11 + pass), b = pattern(3000 * 2048, 13 + pass);
+    LinearPart parts[2];
+    parts[0].weight = Tensor(const_cast<uint16_t*>(a.data()), DType::kBF16, {5000, 2048});
+    parts[1].weight = Tensor(const_cast<uint16_t*>(b.data()), DType::kBF16, {3000, 2048});
+    auto w = (**be).load_linear(parts, Tensor(), 128);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    std::vector<uint16_t> ab = a;
+    ab.insert(ab.end(), b.begin(), b.end());
+    EXPECT_TRUE(round_trip(ab, w->parts[0].weight)) << "linear, pass " << pass;
+    (**be).end_loading();
+  }
+}
+
 // A fresh backend holds exactly the workspaces the memory planner counts for this device: the
 // W8A8 activation workspace with kW8A8 on sm_90 only.
 TEST(GpuOps, BackendWorkspacesAreThePlannedOnes) {

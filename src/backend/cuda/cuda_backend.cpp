@@ -19,6 +19,7 @@ namespace qvl {
 namespace cuda {
 
 CudaBackend::~CudaBackend() {
+  release_staging();
   clear_graphs();
   gemm_.reset();
   if (stream_) cudaStreamDestroy(stream_);

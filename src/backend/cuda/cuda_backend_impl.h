@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<DeviceRegion>> reserve_region(size_t max_bytes, const std::string& tag) override;
   void run_graph(const std::string& key, const std::function<void()>& record) override;
   void clear_graphs() override;
+  void end_loading() override { release_staging(); }
 
   // Profiling (cuda_profile_start / cuda_profile_stop).
   void profile_start(double hold_ms);
@@ -150,6 +151,19 @@ class CudaBackend final : public Backend {
   Result<DeviceBuffer> weight_memory(size_t bytes, const std::string& tag);
   // Copies `host` to device memory at dst as dtype `as` (converting on the host if needed).
   Status upload_converted(void* dst, const Tensor& host, DType as);
+  // Host -> device copy of weights, `src` pageable (the checkpoint's map). Past kStagedUpload
+  // bytes it goes through two pinned staging buffers on the backend's stream: threads copy one
+  // chunk into a buffer while the other's DMA runs. The call returns once `src` is no longer
+  // read; the device copy completes in stream order. Smaller copies: cudaMemcpy.
+  Status upload(void* dst, const void* src, size_t bytes);
+  void release_staging();
+  static constexpr size_t kStagedUpload = size_t{4} << 20;
+  static constexpr size_t kStagingChunk = size_t{32} << 20;
+  struct Staging {
+    void* buf[2] = {nullptr, nullptr};
+    cudaEvent_t done[2] = {nullptr, nullptr};  // the DMA out of buf[i] has finished
+    int next = 0;
+  } staging_;
 
   void gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep);
 
