@@ -227,9 +227,11 @@ int run(RunArgs& a) {
   const int parallel = a.each ? std::min(a.parallel, static_cast<int>(a.input.images.size())) : 1;
   log_debug("run: start");
   RUN_ASSIGN_OR_FAIL(std::string dir, resolve_model_dir(a.model));
+  auto tokenizer = start_tokenizer_load(dir);  // beside the backend's creation and the upload
   RUN_ASSIGN_OR_FAIL(BackendChoice bc, make_backend(a.engine));
   log_debug("run: backend ready");
   RUN_ASSIGN_OR_FAIL(LoadOptions lo, make_load_options(a.engine, dir, bc.device, parallel, parallel));
+  lo.tokenizer = tokenizer;
   RUN_ASSIGN_OR_FAIL(LoadedModel model, load_model(bc.backend, lo));
   log_debug("run: model loaded");
   if (const std::string fit = auto_fit_report(model); !fit.empty()) std::fputs(fit.c_str(), stderr);

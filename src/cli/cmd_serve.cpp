@@ -129,9 +129,11 @@ class Loader {
 
   Status load() {
     QVL_ASSIGN_OR_RETURN(std::string dir, resolve_model_dir(args_.model));
+    auto tokenizer = start_tokenizer_load(dir);  // beside the backend's creation and the upload
     QVL_ASSIGN_OR_RETURN(BackendChoice backend, make_backend(args_.engine));
     QVL_ASSIGN_OR_RETURN(LoadOptions lo,
                          make_load_options(args_.engine, dir, backend.device, args_.concurrency, args_.max_running));
+    lo.tokenizer = tokenizer;
     // The HTTP layer admits at most --max-concurrency requests; the engine's queue must hold them
     // all, so that "refused at submit" only ever means "can never fit".
     lo.max_queued = std::max(lo.max_queued, args_.server.max_concurrency);

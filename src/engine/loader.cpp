@@ -65,6 +65,10 @@ std::string explain_plan_shortfall(const MemoryPlan& plan) {
   return s;
 }
 
+std::shared_future<Result<std::shared_ptr<const Tokenizer>>> start_tokenizer_load(const std::string& dir) {
+  return std::async(std::launch::async, [dir] { return Tokenizer::load_dir(dir); }).share();
+}
+
 Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptions& options) {
   QVL_CHECK(backend != nullptr);
   // Where the load's time goes (--log-level debug): each phase's milliseconds.
@@ -101,10 +105,10 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   for (const auto& note : m.plan.notes) log_debug("plan: " + note);
   phase("config and plan");
 
-  // 2. Tokenizer, weights, model. The tokenizer (parsing Qwen's 11 MB tokenizer.json, a few
-  // hundred ms) loads on a thread of its own while the weights go to the device.
+  // 2. Tokenizer, weights, model. The tokenizer loads on a thread of its own (if the caller has
+  // not started it already) while the weights go to the device.
   const std::string tok_dir = options.tokenizer_dir.empty() ? options.model_dir : options.tokenizer_dir;
-  auto tokenizer = std::async(std::launch::async, [tok_dir] { return Tokenizer::load_dir(tok_dir); });
+  auto tokenizer = options.tokenizer.valid() ? options.tokenizer : start_tokenizer_load(tok_dir);
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
   phase("checkpoint opened");

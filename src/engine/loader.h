@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -38,7 +39,14 @@ struct LoadOptions {
   // (LoadedModel::auto_fit_applied says what changed). Without a budget (CPU) there is nothing
   // to fit and it does nothing.
   bool auto_fit = false;
+  // The tokenizer, when the caller started loading it early (start_tokenizer_load, before making
+  // the backend: its CUDA context takes ~0.2 s); otherwise load_model starts it itself.
+  std::shared_future<Result<std::shared_ptr<const Tokenizer>>> tokenizer;
 };
+
+// Loads `dir`'s tokenizer on a thread of its own (parsing Qwen's 11 MB tokenizer.json takes
+// 0.3-0.5 s), to run beside the backend's creation and the weights' upload.
+std::shared_future<Result<std::shared_ptr<const Tokenizer>>> start_tokenizer_load(const std::string& dir);
 
 struct LoadedModel {
   ModelConfig config;
