@@ -74,6 +74,7 @@ void Sampler::accept(int32_t token) {
   QVL_CHECK(token >= 0 && token < vocab_size_) << "token " << token << " outside vocab " << vocab_size_;
   observe_prompt(std::span<const int32_t>(&token, 1));
   if (track_counts_) ++generated_counts_[token];
+  decided_keys_ = nullptr;  // the penalties moved: a decision made before no longer holds
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
@@ -270,57 +271,65 @@ bool Sampler::can_sample_candidates() const {
 }
 
 int Sampler::decode_candidates(std::span<const uint64_t> keys) {
-  sc_ = &scratch();
-  sc_->keyed.clear();
+  keyed_.clear();
   for (uint64_t key : keys) {
     if (key == 0) break;
-    sc_->keyed.push_back({logit_key_index(key), logit_key_value(key), 0.0f});
+    keyed_.push_back({logit_key_index(key), logit_key_value(key), 0.0f});
   }
-  return static_cast<int>(sc_->keyed.size());
+  return static_cast<int>(keyed_.size());
 }
 
 // Token `id`'s score can only be lower than its logit (can_sample_candidates), and every token
 // missing from the keys has a logit <= `last`, the smallest one there. So the candidates decide
 // greedy when their best score beats `last`, and top-k when their k-th best does: no missing
-// token can then reach what survives. Leaves scratch().keyed penalised and scratch().keyed_kth
-// set for sample_candidates (unless the keys are the whole row).
+// token can then reach what survives. Leaves keyed_ penalised and keyed_kth_ set for
+// sample_candidates (unless the keys are the whole row).
 bool Sampler::candidates_decide(std::span<const uint64_t> keys) {
+  decided_keys_ = nullptr;
   if (keys.empty() || keys[0] == kTopKFallback) return false;
   const int n = decode_candidates(keys);
-  if (n == vocab_size_) return true;
-  if (n < static_cast<int>(keys.size()) || !can_sample_candidates()) return false;
-  const float last = sc_->keyed.back().score;
-  sc_->kth.clear();
-  for (Candidate& c : sc_->keyed) sc_->kth.push_back(c.score = penalized(c.id, c.score));
-  if (greedy()) return *std::max_element(sc_->kth.begin(), sc_->kth.end()) > last;
-  const int k = params_.top_k;
-  if (k >= n) return false;
-  std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
-  sc_->keyed_kth = sc_->kth[static_cast<size_t>(k - 1)];
-  return sc_->keyed_kth > last;
+  bool yes = n == vocab_size_;
+  if (!yes && n == static_cast<int>(keys.size()) && can_sample_candidates()) {
+    sc_ = &scratch();
+    const float last = keyed_.back().score;
+    sc_->kth.clear();
+    for (Candidate& c : keyed_) sc_->kth.push_back(c.score = penalized(c.id, c.score));
+    if (greedy()) {
+      yes = *std::max_element(sc_->kth.begin(), sc_->kth.end()) > last;
+    } else if (const int k = params_.top_k; k < n) {
+      std::nth_element(sc_->kth.begin(), sc_->kth.begin() + (k - 1), sc_->kth.end(), std::greater<float>());
+      keyed_kth_ = sc_->kth[static_cast<size_t>(k - 1)];
+      yes = keyed_kth_ > last;
+    }
+  }
+  if (yes) decided_keys_ = keys.data();
+  return yes;
 }
 
 int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
-  QVL_CHECK(candidates_decide(keys)) << "sample_candidates: the keys do not decide this row";
-  if (static_cast<int>(sc_->keyed.size()) == vocab_size_) {
+  if (decided_keys_ != keys.data())
+    QVL_CHECK(candidates_decide(keys)) << "sample_candidates: the keys do not decide this row";
+  decided_keys_ = nullptr;
+  sc_ = &scratch();
+  if (static_cast<int>(keyed_.size()) == vocab_size_) {
     // The whole row: sample() on it as it is.
     std::vector<float> row(static_cast<size_t>(vocab_size_));
-    for (const Candidate& c : sc_->keyed) row[static_cast<size_t>(c.id)] = c.score;
+    for (const Candidate& c : keyed_) row[static_cast<size_t>(c.id)] = c.score;
     return sample(row);
   }
   // What sample() computes on the whole row, over the only tokens that can survive: the
   // penalised scores in token-id order, then the same top-k, weights, top-p, min-p and draw.
-  std::sort(sc_->keyed.begin(), sc_->keyed.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+  std::sort(keyed_.begin(), keyed_.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
   if (greedy()) {
     size_t best = 0;
-    for (size_t i = 1; i < sc_->keyed.size(); ++i)
-      if (sc_->keyed[i].score > sc_->keyed[best].score) best = i;
-    return sc_->keyed[best].id;
+    for (size_t i = 1; i < keyed_.size(); ++i)
+      if (keyed_[i].score > keyed_[best].score) best = i;
+    return keyed_[best].id;
   }
   all_survive_ = false;
   sc_->cand.clear();
-  for (const Candidate& c : sc_->keyed)
-    if (c.score >= sc_->keyed_kth) sc_->cand.push_back({c.id, c.score, 0.0f});
+  for (const Candidate& c : keyed_)
+    if (c.score >= keyed_kth_) sc_->cand.push_back({c.id, c.score, 0.0f});
   return draw(filter_survivors(weigh_candidates()));
 }
 

@@ -73,7 +73,8 @@ class Sampler {
   // no larger than the candidates). candidates_decide: the candidates hold every token that
   // sample() on the whole row could pick (false for kTopKFallback); it consumes no randomness.
   // sample_candidates: sample() on the whole row, given keys the candidates decide: the same
-  // token and the same draw from the RNG.
+  // token and the same draw from the RNG (it reuses what candidates_decide found for the same
+  // keys, or decides first).
   bool can_sample_candidates() const;
   bool candidates_decide(std::span<const uint64_t> keys);
   int32_t sample_candidates(std::span<const uint64_t> keys);
@@ -113,7 +114,7 @@ class Sampler {
   double filter_survivors(double total);
   // One draw from the RNG over the survivors that weigh `sum`.
   int32_t draw(double sum);
-  // scratch().keyed = the keys' (index, logit) pairs, descending; returns how many.
+  // keyed_ = the keys' (index, logit) pairs, descending; returns how many.
   int decode_candidates(std::span<const uint64_t> keys);
   double uniform();
 
@@ -126,14 +127,18 @@ class Sampler {
   std::vector<int32_t> seen_list_;   // the distinct seen tokens, for O(seen) penalties
   std::unordered_map<int32_t, int32_t> generated_counts_;
   bool all_survive_ = false;
+  // What candidates_decide found, kept for sample_candidates on these keys (the engine decides on
+  // its own thread and draws on a sampling thread): the decoded keys, penalised, and their k-th
+  // best score (top-k).
+  std::vector<Candidate> keyed_;
+  float keyed_kth_ = 0;
+  const uint64_t* decided_keys_ = nullptr;  // the keys candidates_decide last said yes to
   // Scratch of the calling thread (one per thread, reused by every sampler it runs, so the
   // engine's sampling threads allocate once rather than once per request).
   struct Scratch {
     std::vector<Candidate> cand;
     std::vector<float> full_weights;
     std::vector<float> kth;
-    std::vector<Candidate> keyed;  // decoded candidate keys (penalised by candidates_decide)
-    float keyed_kth = 0;           // their k-th best score (top-k), from candidates_decide
   };
   static Scratch& scratch();
   Scratch* sc_ = nullptr;
