@@ -163,6 +163,7 @@ class CudaBackend final : public Backend {
     void* buf[2] = {nullptr, nullptr};
     cudaEvent_t done[2] = {nullptr, nullptr};  // the DMA out of buf[i] has finished
     int next = 0;
+    bool unavailable = false;  // cudaHostAlloc refused them once: not asked again
   } staging_;
 
   void gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep);

@@ -71,7 +71,7 @@ Result<DeviceBuffer> CudaBackend::weight_memory(size_t bytes, const std::string&
 // of a 1.3 s one-shot `qvl run`); the staged copy overlaps the host copy (on several threads)
 // with the DMA.
 Status CudaBackend::upload(void* dst, const void* src, size_t bytes) {
-  if (bytes < kStagedUpload || capturing()) {
+  if (bytes < kStagedUpload || staging_.unavailable || capturing()) {
     QVL_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return Status::ok();
   }
@@ -80,7 +80,8 @@ Status CudaBackend::upload(void* dst, const void* src, size_t bytes) {
       if (cudaHostAlloc(&staging_.buf[i], kStagingChunk, cudaHostAllocDefault) != cudaSuccess ||
           cudaEventCreateWithFlags(&staging_.done[i], cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        release_staging();  // no pinned memory to spare: the plain copy
+        release_staging();  // no pinned memory to spare: plain copies from now on
+        staging_.unavailable = true;
         QVL_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
         return Status::ok();
       }
