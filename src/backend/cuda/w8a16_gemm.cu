@@ -195,35 +195,29 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) w8a16_kernel(cons
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  // The last block along X takes the BN rows that end at n (n >= BN, see w8a16_linear) and writes
-  // only those past the previous block's: every row it loads exists, so no copy is predicated.
   const int n0 = static_cast<int>(blockIdx.x) * BN, m0 = static_cast<int>(blockIdx.y) * kBM;
-  const int nb = min(n0, p.n - BN);
   const int tiles = p.k / kBK;
+  const uint8_t* wsrc = p.w + static_cast<int64_t>(m0) * p.k;
   auto xs = [&](int s) { return smem + s * stage_bytes<BN>(); };
   auto ws = [&](int s) { return smem + s * stage_bytes<BN>() + x_stage_bytes<BN>(); };
-  // Each thread copies the same chunks of every tile: W rows tid / 4 + 64 j, 16 bytes at column
-  // 16 (tid % 4); X rows tid / 8 + 32 j, 16 bytes at column 8 (tid % 8), into the swizzled slot
-  // (the row's low three bits are the same for every j).
-  constexpr int kWCopies = kBM * 4 / kThreads, kXCopies = BN * 8 / kThreads;
-  const uint8_t* wsrc = p.w + static_cast<int64_t>(m0 + (tid >> 2)) * p.k + (tid & 3) * 16;
-  const int64_t wstep = static_cast<int64_t>(kThreads / 4) * p.k;
-  const int wdst = (tid >> 2) * kWPitch + (tid & 3) * 16;
-  const int xr = tid >> 3, xc = tid & 7;
-  const bf16* xsrc = p.x + static_cast<int64_t>(nb + xr) * p.k + xc * 8;
-  const int64_t xstep = static_cast<int64_t>(kThreads / 8) * p.k;
-  const int xdst = xr * 128 + ((xc ^ (xr & 7)) << 4);
   auto load_w = [&](int kt) {
-    uint8_t* dst = ws(kt % kStages) + wdst;
+    uint8_t* dst = ws(kt % kStages);
     const uint8_t* src = wsrc + kt * kBK;
 #pragma unroll
-    for (int j = 0; j < kWCopies; ++j) cp_async16(dst + j * (kThreads / 4) * kWPitch, src + j * wstep);
+    for (int i = tid; i < kBM * 4; i += kThreads) {
+      const int r = i >> 2, c = i & 3;
+      cp_async16(dst + r * kWPitch + c * 16, src + static_cast<int64_t>(r) * p.k + c * 16);
+    }
   };
   auto load_x = [&](int kt) {
-    uint8_t* dst = xs(kt % kStages) + xdst;
-    const bf16* src = xsrc + kt * kBK;
+    uint8_t* dst = xs(kt % kStages);
 #pragma unroll
-    for (int j = 0; j < kXCopies; ++j) cp_async16(dst + j * (kThreads / 8) * 128, src + j * xstep);
+    for (int i = tid; i < BN * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      const bool ok = n0 + r < p.n;
+      const bf16* src = p.x + static_cast<int64_t>(ok ? n0 + r : 0) * p.k + kt * kBK + c * 8;
+      cp_async16(dst + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+    }
   };
 
   // The weights do not depend on the previous kernel: their first stages go before the wait.
@@ -293,14 +287,14 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1) w8a16_kernel(cons
   keep_u(a1);
   keep_f(acc);
 
-  // acc[4j + e]: weight row m0 + row + (e >> 1) * 8, X row nb + 8j + 2t + (e & 1).
+  // acc[4j + e]: weight row m0 + row + (e >> 1) * 8, X row n0 + 8j + 2t + (e & 1).
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int nr = nb + 8 * j + 2 * t + (e & 1);
+      const int nr = n0 + 8 * j + 2 * t + (e & 1);
       const int mr = m0 + row + (e >> 1) * 8;
-      if (nr < n0) continue;  // the previous block's
+      if (nr >= p.n) continue;
       float v = acc[4 * j + e];
       if (p.bias) v += __bfloat162float(p.bias[mr]);
       const int64_t o = static_cast<int64_t>(nr) * p.ldd + mr;
@@ -341,8 +335,7 @@ bool w8a16_available(int compute_capability) {
 bool w8a16_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, const Tensor& scale,
                   int rows_per_scale, int block, const void* bias, const void* residual, int bn) {
   const int64_t n = x.dim(0), k = weight.dim(1), m = weight.dim(0);
-  // n >= 128: a block's BN rows must exist (the last block ends at n).
-  if (!w8a16_available(ctx.compute_capability) || n < 128 || block != 128 || rows_per_scale != 128 || m % kBM != 0 ||
+  if (!w8a16_available(ctx.compute_capability) || block != 128 || rows_per_scale != 128 || m % kBM != 0 ||
       k % 128 != 0 || x.row_numel() != k || out.row_numel() != m || scale.dim(1) * 128 < k ||
       !aligned16(x.data) || !aligned16(weight.data) || n > INT32_MAX || m > INT32_MAX || k > INT32_MAX)
     return false;
@@ -358,11 +351,10 @@ bool w8a16_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const T
   prm.n = static_cast<int>(n);
   prm.k = static_cast<int>(k);
   prm.scale_ld = static_cast<int>(scale.dim(1));
-  if (bn == 256 && n < 256) bn = 128;
   if (bn == 0) {  // the width with the fewer padded rows per wave of blocks
     const int64_t sms = std::max(1, ctx.num_sms), tiles_m = m / kBM;
     auto cost = [&](int64_t w) { return (ceil_div(n, w) * tiles_m + sms - 1) / sms * w; };
-    bn = n >= 256 && cost(256) < cost(128) ? 256 : 128;
+    bn = cost(256) < cost(128) ? 256 : 128;
   }
   if (bn == 256)
     run<256>(ctx, prm);
