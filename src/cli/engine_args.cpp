@@ -28,7 +28,10 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
                "FP8 text Linears: a BF16 checkpoint is quantized at load (128x128 blocks, as the -FP8 checkpoints)");
   app.add_flag("--auto-fit", a->auto_fit,
                "When the model does not fit the budget, apply the cheapest changes that fit (printed)");
-  app.add_option("--fp8-gemm", a->fp8_gemm, kFp8GemmHelp)->check(CLI::IsMember(kFp8GemmNames));
+  app.add_option("--fp8-gemm", a->fp8_gemm,
+                 "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
+                 "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")
+      ->check(CLI::IsMember({"w8a8", "dequant"}));
 }
 
 std::string auto_fit_report(const LoadedModel& m) {
@@ -47,7 +50,7 @@ Result<BackendChoice> make_backend(const EngineArgs& args) {
     QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(args.gpu));
     CudaBackendOptions opts;
     opts.device = args.gpu;
-    opts.fp8_gemm = parse_cuda_fp8_gemm(args.fp8_gemm);
+    opts.fp8_gemm = args.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     QVL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_cuda_backend(opts));
     // Free memory after this process made its context and the backend its workspaces.
     QVL_ASSIGN_OR_RETURN(CudaDeviceInfo now, cuda_device_info(args.gpu));

@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -30,15 +29,8 @@ struct EngineArgs {
   int offload_layers = 0;         // decoder layers kept in host memory (memory/offload.h)
   bool fp8 = false;               // block-FP8 text Linears (quantized at load from BF16: memory/quantize.h)
   bool auto_fit = false;          // apply memory/planner.h auto_fit() when the plan does not fit
-  std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows: kFp8GemmNames
+  std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
 };
-
-// --fp8-gemm (run, serve, bench, forward): its help and values (CudaFp8Gemm).
-inline constexpr const char* kFp8GemmHelp =
-    "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics), w8a16 (the "
-    "same products without the BF16 copy, sm_90) or w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: "
-    "faster prefill, less exact) (dequant)";
-inline const std::vector<std::string> kFp8GemmNames = {"dequant", "w8a16", "w8a8"};
 
 // Adds the flags to `app`.
 void add_engine_args(CLI::App& app, EngineArgs* args);

@@ -1,8 +1,7 @@
 // CUDA vs CPU Linear: BF16 and FP8 (128x128 block scales) weights, stacked parts merged at
 // load, every dispatch path (skinny kernel for <= 32 rows, skinny passes for FP8 <= 128 rows,
 // cuBLASLt BF16, FP8 dequantised in chunks + cuBLASLt, FP8 W8A8 block-scaled cuBLASLt on sm_90
-// and its activation quantisation, checked against a host W8A8 reference), FP8 W8A16 on sm_90
-// (w8a16_gemm.cu), every epilogue (bias,
+// and its activation quantisation, checked against a host W8A8 reference), every epilogue (bias,
 // GELU tanh/erf, residual, residual aliasing the output), and shapes with N not a multiple of 16,
 // K not a multiple of 128 and K not a multiple of 8 (no skinny kernel: cuBLASLt at low alignment).
 #include <cmath>
@@ -157,7 +156,7 @@ std::vector<float> w8a8_reference(const Case& c, const std::vector<HostPart>& pa
 }
 
 // Which path an FP8 Linear over more than kSkinnyFp8MaxRows rows must take.
-enum class Expect { kAny, kW8A8OnSm90, kDequant, kW8A16 };
+enum class Expect { kAny, kW8A8OnSm90, kDequant };
 
 bool is_sm90() {
   return cuda_device_info(0).value().compute_capability / 10 == 9;
@@ -228,14 +227,8 @@ void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAn
   const CudaFp8GemmCounts before = cuda_fp8_gemm_counts(gpu);
   gpu.linear(out.g, x.g, *wg, {c.act, rp.g});
   const CudaFp8GemmCounts after = cuda_fp8_gemm_counts(gpu);
-  const bool w8a8 = after.w8a8 > before.w8a8, w8a16 = after.w8a16 > before.w8a16;
-  EXPECT_EQ(after.w8a8 + after.dequant + after.w8a16 - before.w8a8 - before.dequant - before.w8a16, counted ? 1 : 0)
-      << describe(c);
-  if (expect == Expect::kW8A16) {
-    EXPECT_TRUE(w8a16) << describe(c) << ": the W8A16 kernel did not take it";
-  } else {
-    EXPECT_FALSE(w8a16) << describe(c);
-  }
+  const bool w8a8 = after.w8a8 > before.w8a8;
+  EXPECT_EQ(after.w8a8 + after.dequant - before.w8a8 - before.dequant, counted ? 1 : 0) << describe(c);
   if (expect == Expect::kW8A8OnSm90) {
     EXPECT_EQ(w8a8, is_sm90()) << describe(c) << ": W8A8 on sm_90 (cuBLASLt refused it?), dequantised elsewhere";
   }
@@ -243,7 +236,7 @@ void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAn
     EXPECT_FALSE(w8a8) << describe(c);
   }
 
-  const std::string op = std::string("linear ") + (!c.fp8 ? "bf16" : w8a8 ? "fp8 w8a8" : w8a16 ? "fp8 w8a16" : "fp8");
+  const std::string op = std::string("linear ") + (!c.fp8 ? "bf16" : w8a8 ? "fp8 w8a8" : "fp8");
   if (w8a8) {
     const std::vector<int64_t> rows = reference_rows(c.n);
     const std::vector<float> all = download(gpu, out.g);
@@ -470,40 +463,6 @@ TEST(GpuOps, LinearFp8DequantOption) {
   auto be = make_cuda_backend(o);
   ASSERT_TRUE(be.is_ok()) << be.status().to_string();
   run_case({130, 2560, {2560}, true, false, Activation::kNone, 2}, **be, Expect::kDequant);
-}
-
-// CudaFp8Gemm::kW8A16 (sm_90): the FP8 weights widened in registers under warpgroup MMA, against
-// the CPU oracle (transformers' dequantised weights), at both block widths (128 and 256 X rows):
-// partial X-row tiles (130 = 128 + 2, 257, 802 rows), one to 76 scale blocks along K, stacked
-// parts on the 128-row grid, a bias, an activation, a residual and one that aliases the output.
-// Shapes it does not take (K % 128 != 0, parts off the 128-row grid, N % 128 != 0) go to the
-// dequantised path.
-TEST(GpuOps, LinearFp8W8A16) {
-  QVL_REQUIRE_CUDA();
-  const int cc = cuda_device_info(0).value().compute_capability;
-  if (!cuda_w8a16_available(cc)) GTEST_SKIP() << "no W8A16 kernel for compute capability " << cc;
-  const auto none = Activation::kNone;
-  const std::vector<Case> cases = {
-      {130, 128, {128}, true, false, none, 0},
-      {300, 1024, {256, 128}, true, true, none, 1},
-      {802, 2048, {384}, true, false, none, 2},
-      {257, 2560, {640}, true, true, Activation::kGeluTanh, 0},
-      {200, 9728, {128}, true, false, none, 1},
-  };
-  const std::vector<Case> fallbacks = {
-      {150, 1152 + 16, {256}, true, false, none, 0},  // K % 128 != 0
-      {150, 2560, {200, 184}, true, false, none, 2},  // per-row scales
-      {300, 1024, {200}, true, false, none, 0},       // N % 128 != 0
-  };
-  for (int rows : {128, 256}) {
-    CudaBackendOptions o;
-    o.fp8_gemm = CudaFp8Gemm::kW8A16;
-    o.w8a16_rows = rows;
-    auto be = make_cuda_backend(o);
-    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
-    for (const Case& c : cases) run_case(c, **be, Expect::kW8A16);
-    for (const Case& c : fallbacks) run_case(c, **be, Expect::kDequant);
-  }
 }
 
 // A dequant workspace smaller than the weights: the Linear runs in several chunks of equal whole

@@ -36,7 +36,6 @@ Status CudaBackend::init() {
   ctx_.prefill_key_tiles = std::max(1, options_.prefill_key_tiles);
   ctx_.decode_split_blocks = std::clamp(options_.decode_split_blocks, 0, kDecodeSplitBlocks);
   ctx_.num_sms = std::max(1, info_.multiprocessors);
-  ctx_.compute_capability = info_.compute_capability;
   fusion_ = options_.fuse_prologues;
   ctx_.skinny = options_.skinny;
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
@@ -449,10 +448,6 @@ std::vector<uint64_t> cuda_decode_attention_trace(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   QVL_CHECK(cuda != nullptr) << "cuda_decode_attention_trace of a " << backend.name() << " backend";
   return cuda->decode_attention_trace();
-}
-
-bool cuda_w8a16_available(int compute_capability) {
-  return cuda::w8a16_available(compute_capability);
 }
 
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend) {

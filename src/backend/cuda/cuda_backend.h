@@ -15,7 +15,6 @@
 //   residual fused); other shapes, architectures and kDequant (the default): chunks of output rows are
 //   dequantised to BF16 exactly as transformers' FineGrainedFP8Config(dequantize=True) does
 //   (bf16(float(w8) * scale)) into the dequant workspace and multiplied by cuBLASLt (W8A16);
-//   kW8A16 (sm_90) computes the same products in one pass over the FP8 weights (w8a16_gemm.cu);
 // - FP8 rows up to kSkinnyFp8MaxRows use the skinny kernels in passes of kSkinnyMaxRows instead
 //   (re-reading 1 byte per weight per pass beats writing and re-reading 2 bytes of BF16).
 // Every workspace is allocated once, when the backend is made (the FP8 dequant workspace: with
@@ -45,13 +44,7 @@ inline constexpr int kSkinnyFp8MaxRows = 128;
 enum class CudaFp8Gemm : uint8_t {
   kW8A8,     // quantised activations, block-scaled FP8 cuBLASLt; kDequant where cuBLASLt has none
   kDequant,  // weights dequantised to BF16, BF16 cuBLASLt (the numerics of the FP8 fixtures)
-  kW8A16,    // the same products without the BF16 copy: E4M3 widened in registers, warpgroup MMA
-             // (w8a16_gemm.cu, sm_90); kDequant for shapes and devices it does not take
 };
-// --fp8-gemm's names: "w8a8", "w8a16", anything else kDequant.
-inline CudaFp8Gemm parse_cuda_fp8_gemm(const std::string& name) {
-  return name == "w8a8" ? CudaFp8Gemm::kW8A8 : name == "w8a16" ? CudaFp8Gemm::kW8A16 : CudaFp8Gemm::kDequant;
-}
 // The default is kDequant: measured on an H100 (4B FP8, 1024x768 image, 846 positions teacher-
 // forced against transformers' dequantised model), W8A8 prefill gave a minimum logits cosine of
 // 0.99843 (the acceptance bar is 0.999; dequant: 0.99985) for a 1.9x faster prefill.
@@ -93,8 +86,6 @@ struct CudaBackendOptions {
   // of the 4B down_proj, K = 9728). Allocated only with kW8A8 where it can run (sm_90): see
   // cuda_fp8_act_workspace_bytes().
   size_t fp8_act_workspace_bytes = size_t{16} << 20;
-  // kW8A16: X rows per block of the W8A16 kernel (128 or 256; 0: the one with fewer padded rows).
-  int w8a16_rows = 0;
   // Split-K decode attention keeps fp32 partial outputs per (sequence, q head, split); the
   // scratch is sized for these bounds (a model beyond them fails a check at its first step).
   int max_gqa_group = 8;  // q heads per kv head
@@ -253,12 +244,8 @@ void cuda_memory_reset_peak(Backend& backend);
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
-  int64_t w8a16 = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
-// Whether this build runs CudaFp8Gemm::kW8A16 on a device of this compute capability (sm_90
-// with the build's sm_90a code; elsewhere kW8A16 is kDequant).
-bool cuda_w8a16_available(int compute_capability);
 // The decode attention's stage stamps of the latest launch per layer (empty unless
 // CudaBackendOptions::decode_attention_trace): [layer][block][kDecodeTraceStamps] %globaltimer
 // ns, 0 where a block did not reach a stage; kDecodeTraceLayers x kDecodeSplitBlocks blocks.

@@ -294,12 +294,6 @@ void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w
   } else if (options_.fp8_gemm == CudaFp8Gemm::kW8A8 &&
              cuda::w8a8_linear(ctx_, *gemm_, fp8_act_ws_.data(), fp8_act_ws_.size(), out, x, w, bias, gemm_res)) {
     ++fp8_counts_.w8a8;
-  } else if (const Tensor& s8 = w.parts[0].scale_inv;
-             options_.fp8_gemm == CudaFp8Gemm::kW8A16 &&
-             cuda::w8a16_linear(ctx_, out, x, weight, s8,
-                                s8.dim(0) == (m + w.block_size - 1) / w.block_size ? w.block_size : 1, w.block_size,
-                                bias, gemm_res, options_.w8a16_rows)) {
-    ++fp8_counts_.w8a16;
   } else {
     ++fp8_counts_.dequant;
     const Tensor& scale = w.parts[0].scale_inv;

@@ -77,7 +77,6 @@ struct LaunchContext {
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
-  int compute_capability = 0;     // major * 10 + minor
   int ring_smem = 0;               // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
@@ -116,15 +115,6 @@ void launch_patchify_rgb(const LaunchContext& ctx, Tensor out, const Tensor& rgb
 // dst rows [0, r1 - r0) = bf16(float(w8[r0 + i, k]) * scale[(r0 + i) / rows_per_scale, k / block]).
 void launch_dequant_fp8(const LaunchContext& ctx, void* dst_bf16, const Tensor& w8, const Tensor& scale,
                         int rows_per_scale, int block, int64_t r0, int64_t r1);
-
-// ---- w8a16_gemm.cu: FP8 Linears over many rows without a dequantised copy (sm_90) ----
-// Whether this build has the W8A16 kernel for a device of this compute capability (sm_90a code).
-bool w8a16_available(int compute_capability);
-// out [n, m] = x [n, K] · bf16(w8 ⊙ scale)ᵀ (+ bias [m]) (+ residual [n, m], which may alias out),
-// all in one pass over the FP8 weights; bn: X rows per block (128 or 256; 0 picks). Returns
-// false, having enqueued nothing, where it does not apply (see w8a16_gemm.cu).
-bool w8a16_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const Tensor& weight, const Tensor& scale,
-                  int rows_per_scale, int block, const void* bias, const void* residual, int bn);
 
 // ---- fp8_quant.cu: the W8A8 prefill GEMM's activation quantisation ----
 // Activations are quantised per row in groups of kFp8ActGroup columns (one fp32 scale each: the
