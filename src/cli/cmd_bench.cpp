@@ -86,6 +86,7 @@ struct BenchOptions {
   std::string skinny;  // "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]]"
   bool fused_decode = false;
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
+  bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
   bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
@@ -151,6 +152,7 @@ Status run_bench(const BenchOptions& o) {
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
+    opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
@@ -604,6 +606,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--threads", o->threads, "CPU backend threads (0 = all)");
   app.add_option("--repeat", o->repeat, "Timed runs of vision and TTFT; medians are reported (5)");
   app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
+  app.add_flag("--no-cublas-gelu", o->no_cublas_gelu,
+               "CUDA A/B: GELU (tanh) Linears as a pass after cuBLASLt instead of its GELU epilogue");
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
   app.add_flag("--no-token-prepare", o->no_token_prepare,

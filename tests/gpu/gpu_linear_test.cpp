@@ -275,6 +275,18 @@ TEST(GpuOps, LinearBf16) {
   for (const Case& c : cases) run_case(c);
 }
 
+// GELU (tanh) over many rows as a pass after the rounded cuBLASLt output (CudaBackendOptions::
+// cublas_gelu off; on, LinearBf16 takes them through cuBLASLt's epilogue).
+TEST(GpuOps, LinearGeluPass) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  o.cublas_gelu = false;
+  auto be = make_cuda_backend(o);
+  ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+  run_case({129, 1024, {4096}, false, true, Activation::kGeluTanh, 0}, **be);
+  run_case({300, 36, {50}, false, false, Activation::kGeluTanh, 0}, **be);
+}
+
 TEST(GpuOps, LinearFp8) {
   QVL_REQUIRE_CUDA();
   const auto none = Activation::kNone;

@@ -34,7 +34,7 @@ struct GemmRunner::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool supported = true;  // FP8 plans: the heuristic found an algorithm
+  bool supported = true;  // FP8 and GELU plans: the heuristic found an algorithm
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -57,13 +57,14 @@ GemmRunner::~GemmRunner() {
 GemmRunner::Plan& GemmRunner::plan_for(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, ldd, has_bias, has_res, align] = key;
+  const auto [m, n, k, ldd, has_bias, has_res, align, gelu] = key;
   auto plan = std::make_unique<Plan>();
   QVL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epi = gelu ? (has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU)
+                                     : (has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
   QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (has_bias) {
     const cudaDataType_t bt = CUDA_R_16BF;
@@ -87,6 +88,12 @@ GemmRunner::Plan& GemmRunner::plan_for(const Key& key) {
   cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (gelu && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {  // the caller applies GELU itself
+    plan->supported = false;
+    Plan& ref = *plan;
+    plans_.emplace(key, std::move(plan));
+    return ref;
+  }
   QVL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0)
       << "cuBLASLt has no BF16 algorithm for m=" << m << " n=" << n << " k=" << k << " ldd=" << ldd
       << " bias=" << has_bias << " residual=" << has_res << " align=" << align << " (" << cublasLtGetStatusName(st)
@@ -97,27 +104,30 @@ GemmRunner::Plan& GemmRunner::plan_for(const Key& key) {
   return ref;
 }
 
-void GemmRunner::bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k,
-                           const void* bias, const void* residual) {
+bool GemmRunner::bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k,
+                           const void* bias, const void* residual, bool gelu_tanh) {
+  QVL_CHECK(!gelu_tanh || !residual) << "gemm: the GELU epilogue comes before a residual";
   QVL_CHECK(m > 0 && n > 0 && k > 0 && ldd >= m) << "gemm m=" << m << " n=" << n << " k=" << k << " ldd=" << ldd;
   int align = std::min({alignment_of(d), alignment_of(x), alignment_of(w)});
   if (residual) align = std::min(align, alignment_of(residual));
   // Row strides also bound what every row (column, in cuBLASLt's view) starts on.
   align = std::min({align, alignment_of(reinterpret_cast<void*>(static_cast<uintptr_t>(k * 2))),
                     alignment_of(reinterpret_cast<void*>(static_cast<uintptr_t>(ldd * 2)))});
-  Plan& plan = plan_for(Key{m, n, k, ldd, bias != nullptr, residual != nullptr, align});
+  Plan& plan = plan_for(Key{m, n, k, ldd, bias != nullptr, residual != nullptr, align, gelu_tanh});
+  if (!plan.supported) return false;
   if (bias)
     QVL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
   const void* c = residual ? residual : d;
   QVL_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, c, plan.c, d, plan.c,
                                   &plan.algo, workspace_, workspace_bytes_, stream_));
+  return true;
 }
 
 // ---- block-scaled FP8 ----
 
 GemmRunner::Plan& GemmRunner::fp8_plan_for(const Fp8GemmArgs& a) {
-  const Key key{a.m, a.n, a.k, a.ldd, a.bias != nullptr, a.c != nullptr, 16};
+  const Key key{a.m, a.n, a.k, a.ldd, a.bias != nullptr, a.c != nullptr, 16, false};
   auto it = fp8_plans_.find(key);
   if (it != fp8_plans_.end()) return *it->second;
   auto plan = std::make_unique<Plan>();

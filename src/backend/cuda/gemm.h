@@ -50,8 +50,11 @@ class GemmRunner {
 
   // Row-major view: D[n, 0:m] (row stride ldd elements) = X[n, k] · W[m, k]ᵀ + bias[m] +
   // residual[n, 0:m] (row stride ldd; may equal D). bias and residual may be null. All BF16.
-  void bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k, const void* bias,
-                 const void* residual);
+  // gelu_tanh: cuBLASLt's GELU (tanh) epilogue on the fp32 result (+ bias), before the BF16
+  // rounding (no residual then); false, having enqueued nothing, where cuBLASLt has no such
+  // algorithm for the shape (asked once). Without gelu_tanh it always runs (true).
+  bool bf16_gemm(void* d, int64_t ldd, const void* x, const void* w, int64_t m, int64_t n, int64_t k, const void* bias,
+                 const void* residual, bool gelu_tanh = false);
 
   // Whether cuBLASLt has a block-scaled FP8 algorithm for this shape (bias and residual present
   // or not, pointers as given); asks the heuristic the first time only. False, not an error, for
@@ -62,7 +65,7 @@ class GemmRunner {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;  // m n k ldd bias res align
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, bool>;  // m n k ldd bias res align gelu
   Plan& plan_for(const Key& key);
   Plan& fp8_plan_for(const Fp8GemmArgs& a);
 
