@@ -48,6 +48,7 @@ struct ForwardOptions {
   int decode_steps = 0;
   bool no_stages = false;
   std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
+  bool no_cublas_gelu = false;        // CUDA: GELU (tanh) as a pass (CudaBackendOptions::cublas_gelu off)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -118,6 +119,7 @@ Result<std::unique_ptr<Backend>> make_backend(const ForwardOptions& o) {
   if (o.backend == "cuda") {
     CudaBackendOptions opts;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
+    opts.cublas_gelu = !o.no_cublas_gelu;
     return make_cuda_backend(opts);
   }
 #endif
@@ -263,6 +265,8 @@ std::function<int()> setup_forward(CLI::App& app) {
   app.add_option("--logits-last", o->logits_last, "Logits of the last N prompt positions (default 1)");
   app.add_option("--decode-steps", o->decode_steps, "Greedy decode steps after the prefill (timing, tokens)");
   app.add_flag("--no-stages", o->no_stages, "Only logits and forward.json (no stage dumps)");
+  app.add_flag("--no-cublas-gelu", o->no_cublas_gelu,
+               "CUDA: GELU (tanh) Linears as a pass after the rounded output, not in cuBLASLt's epilogue");
   app.add_option("--fp8-gemm", o->fp8_gemm,
                  "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
                  "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")

@@ -122,6 +122,7 @@ def main():
     ap.add_argument("--work", default=None)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--no-fp32", action="store_true", help="skip the transformers float32 noise-floor run")
+    ap.add_argument("--qvl-args", default="", help="extra arguments for every qvl forward (A/B of a backend option)")
     args = ap.parse_args()
 
     import torch
@@ -182,7 +183,8 @@ def main():
                 dump = os.path.join(work, "dump_" + name)
                 cmd = [qvl, "forward", "--model", ckpt, "--input-ids", ids_path, "--pixel-values", px_path, "--grid",
                        ",".join(map(str, grid)), "--dump", dump, "--backend", "cuda", "--no-stages",
-                       "--logits-last", str(POSITIONS)] + (["--prefill-chunk", str(chunk)] if chunk else [])
+                       "--logits-last", str(POSITIONS)] + (["--prefill-chunk", str(chunk)] if chunk else []) + \
+                      args.qvl_args.split()
                 t = time.time()
                 r = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if r.returncode != 0:
