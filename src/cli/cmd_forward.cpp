@@ -48,7 +48,7 @@ struct ForwardOptions {
   int decode_steps = 0;
   bool no_stages = false;
   std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
-  bool no_cublas_gelu = false;        // CUDA: GELU (tanh) as a pass (CudaBackendOptions::cublas_gelu off)
+  bool no_cublas_gelu = false;       // CUDA: GELU (tanh) as a pass (CudaBackendOptions::cublas_gelu off)
 };
 
 using Clock = std::chrono::steady_clock;
