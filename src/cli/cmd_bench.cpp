@@ -222,7 +222,10 @@ Status run_bench(const BenchOptions& o) {
   // ---- buffers: arena, step inputs, logits, KV (max batch x pages per sequence) ----
   const int max_b = batches.back();
   const int page = o.kv_page_tokens;
-  const int64_t per_seq_tokens = L + 8 + 4LL * o.gen_tokens;  // the decode steps below, all timings
+  // Decode steps per batch size, each one more token of context: warm-up, timed, host argmax,
+  // sampled (rows, then keys after one recording step), profiled.
+  const int steps = 4 + o.gen_tokens + 3 * std::min(o.gen_tokens, 32) + 1 + 1;
+  const int64_t per_seq_tokens = L + steps;
   const int64_t P = (per_seq_tokens + page - 1) / page;
   RunnerShape shape{std::max<int64_t>(L, max_b), max_b, P, with_image ? grid.num_patches() : 0};
   const RunnerBuffers rb = runner_buffers(config, shape, act);
@@ -406,8 +409,6 @@ Status run_bench(const BenchOptions& o) {
     // Inputs of every step staged on the device once, each step's [ids | positions | slots |
     // context_len] block (6B I32) laid out as make_inputs places them; a step copies its block
     // (one device-to-device copy, asynchronous) into the fixed tensors.
-    // warm-up, timed, host argmax, sampled (rows, then keys after one recording step), profiled
-    const int steps = 4 + o.gen_tokens + 3 * std::min(o.gen_tokens, 32) + 1 + 1;
     std::vector<int32_t> h_stage;
     for (int st = 0; st < steps; ++st) {
       const int64_t n = L + st;  // absolute index of this step's token
