@@ -147,8 +147,10 @@ struct CudaBackendOptions {
   bool fuse_prologues = true;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
   // cuBLASLt's GELU_BIAS epilogue: GELU of the fp32 result, then one BF16 rounding (the reference
-  // rounds the Linear's output first). Off: a separate pass after the rounded output. 2B vision
-  // encoder on an H100: fc1 62.0 -> 47.2 us per layer, vision 8.70 -> 8.49 ms (RESULTS run 15).
+  // rounds the Linear's output first). cuBLASLt's GELU is the tanh form (an fp32 probe,
+  // tools/bench/gelu_epilogue_probe.cu: within 5.2e-6 of it, 4.7e-4 from the erf form). Off: a
+  // separate pass after the rounded output. 2B vision encoder on an H100: fc1 62.0 -> 47.2 us per
+  // layer, vision 8.70 -> 8.49 ms (RESULTS run 15).
   bool cublas_gelu = true;
   // Decode Linear kernel override for benchmarks (qvl bench --cuda-skinny); all 0: the per-shape
   // defaults.
