@@ -65,8 +65,8 @@ std::string explain_plan_shortfall(const MemoryPlan& plan) {
   return s;
 }
 
-std::shared_future<Result<std::shared_ptr<const Tokenizer>>> start_tokenizer_load(const std::string& dir) {
-  return std::async(std::launch::async, [dir] { return Tokenizer::load_dir(dir); }).share();
+TokenizerLoad start_tokenizer_load(const std::string& dir) {
+  return {dir, std::async(std::launch::async, [dir] { return Tokenizer::load_dir(dir); }).share()};
 }
 
 Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptions& options) {
@@ -108,7 +108,9 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
   // 2. Tokenizer, weights, model. The tokenizer loads on a thread of its own (if the caller has
   // not started it already) while the weights go to the device.
   const std::string tok_dir = options.tokenizer_dir.empty() ? options.model_dir : options.tokenizer_dir;
-  auto tokenizer = options.tokenizer.valid() ? options.tokenizer : start_tokenizer_load(tok_dir);
+  const TokenizerLoad tokenizer = options.tokenizer.result.valid() && options.tokenizer.dir == tok_dir
+                                      ? options.tokenizer
+                                      : start_tokenizer_load(tok_dir);
   QVL_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(options.model_dir));
   QVL_ASSIGN_OR_RETURN(ModelWeights host, bind_host_weights(checkpoint, m.config));
   phase("checkpoint opened");
@@ -129,7 +131,7 @@ Result<LoadedModel> load_model(std::shared_ptr<Backend> backend, const LoadOptio
                        Qwen3VLModel::create(*backend, m.config, std::move(weights)));
   backend->end_loading();
   phase("weights on the device");
-  QVL_ASSIGN_OR_RETURN(m.tokenizer, tokenizer.get());
+  QVL_ASSIGN_OR_RETURN(m.tokenizer, tokenizer.result.get());
   phase("tokenizer (after the weights)");
 
   // 3. Engine limits: exactly what the plan sized (runner buffers, page-table width).

@@ -27,6 +27,15 @@
 
 namespace qvl {
 
+// A tokenizer loading on a thread of its own, and the directory it reads.
+struct TokenizerLoad {
+  std::string dir;
+  std::shared_future<Result<std::shared_ptr<const Tokenizer>>> result;
+};
+// Starts loading `dir`'s tokenizer (parsing Qwen's 11 MB tokenizer.json takes 0.3-0.5 s), to run
+// beside the backend's creation and the weights' upload.
+TokenizerLoad start_tokenizer_load(const std::string& dir);
+
 struct LoadOptions {
   std::string model_dir;
   std::string tokenizer_dir;  // "" = model_dir (tokenizer.json + tokenizer_config.json)
@@ -40,13 +49,10 @@ struct LoadOptions {
   // to fit and it does nothing.
   bool auto_fit = false;
   // The tokenizer, when the caller started loading it early (start_tokenizer_load, before making
-  // the backend: its CUDA context takes ~0.2 s); otherwise load_model starts it itself.
-  std::shared_future<Result<std::shared_ptr<const Tokenizer>>> tokenizer;
+  // the backend: its CUDA context takes ~0.2 s). load_model takes it if it is from the directory
+  // it would read (tokenizer_dir, or model_dir), and otherwise starts its own.
+  TokenizerLoad tokenizer;
 };
-
-// Loads `dir`'s tokenizer on a thread of its own (parsing Qwen's 11 MB tokenizer.json takes
-// 0.3-0.5 s), to run beside the backend's creation and the weights' upload.
-std::shared_future<Result<std::shared_ptr<const Tokenizer>>> start_tokenizer_load(const std::string& dir);
 
 struct LoadedModel {
   ModelConfig config;

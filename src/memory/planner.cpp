@@ -325,11 +325,13 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
   // The FP8 dequant workspace comes with the first FP8 Linear the model loads.
   p.dequant_workspace =
       p.config.quant.fp8 ? round_up(static_cast<int64_t>(backend_options.dequant_workspace_bytes), gran) : 0;
-  p.backend_workspace = round_up(static_cast<int64_t>(backend_options.gemm_workspace_bytes), gran) +
-                        p.dequant_workspace + p.fp8_act_workspace +
-                        round_up(static_cast<int64_t>(cuda_decode_scratch_bytes(backend_options)), gran);
-  QVL_CHECK_GE(p.backend_workspace - p.dequant_workspace,
+  // What make_cuda_backend allocates (the dequant workspace comes later, with the weights).
+  const int64_t made_with_backend = round_up(static_cast<int64_t>(backend_options.gemm_workspace_bytes), gran) +
+                                    p.fp8_act_workspace +
+                                    round_up(static_cast<int64_t>(cuda_decode_scratch_bytes(backend_options)), gran);
+  QVL_CHECK_GE(made_with_backend,
                static_cast<int64_t>(cuda_backend_workspace_bytes(backend_options, device.compute_capability)));
+  p.backend_workspace = made_with_backend + p.dequant_workspace;
 
   // ---- KV cache ----
   p.kv_bytes_per_token =
@@ -370,7 +372,7 @@ Result<MemoryPlan> compute_plan(const ModelConfig& config, const RuntimeOptions&
     // The free memory was measured after this process created its CUDA context (and maybe after
     // the backend allocated its workspaces): add the planned sizes of what is already spent back
     // instead of counting it twice.
-    const int64_t held = p.cuda_context + (device.workspaces_allocated ? p.backend_workspace - p.dequant_workspace : 0);
+    const int64_t held = p.cuda_context + (device.workspaces_allocated ? made_with_backend : 0);
     p.has_budget = true;
     p.budget_bytes = std::max<int64_t>(0, device.free_bytes - o.reserve_bytes + held);
     p.budget_source = "free memory of " + device.name + " (" + format_bytes(device.free_bytes) + ") minus reserve (" +

@@ -288,13 +288,12 @@ void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w
   const void* bias = w.bias.empty() ? nullptr : w.bias.data;
   const void* gemm_res = res && !act ? ep.residual.data : nullptr;
   const Tensor& weight = w.parts[0].weight;
-  if (!w.is_fp8() && options_.cublas_gelu && ep.act == Activation::kGeluTanh && !res) {
-    cuda::ProfileRange range(ctx_, "cublasLt bf16 gemm +gelu");
-    if (gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, nullptr, true)) return;
-  }
+  bool act_done = false;  // by the GEMM's epilogue
   if (!w.is_fp8()) {
-    cuda::ProfileRange range(ctx_, "cublasLt bf16 gemm");
-    gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, gemm_res);
+    const bool gelu = options_.cublas_gelu && ep.act == Activation::kGeluTanh && !res;
+    cuda::ProfileRange range(ctx_, gelu ? "cublasLt bf16 gemm +gelu" : "cublasLt bf16 gemm");
+    act_done = gelu && gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, nullptr, true);
+    if (!act_done) gemm_->bf16_gemm(out.data, m, x.data, weight.data, m, n, k, bias, gemm_res);
   } else if (options_.fp8_gemm == CudaFp8Gemm::kW8A8 &&
              cuda::w8a8_linear(ctx_, *gemm_, fp8_act_ws_.data(), fp8_act_ws_.size(), out, x, w, bias, gemm_res)) {
     ++fp8_counts_.w8a8;
@@ -322,7 +321,7 @@ void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w
                        gemm_res ? static_cast<const uint16_t*>(gemm_res) + r0 : nullptr);
     }
   }
-  if (act) cuda::launch_epilogue(ctx_, out, ep.act, ep.residual);
+  if (act && !act_done) cuda::launch_epilogue(ctx_, out, ep.act, ep.residual);
 }
 
 void CudaBackend::quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x) {
