@@ -28,10 +28,13 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
   return std::move(b).value();
 }
 
-// The CUDA backends a vision / prefill case runs on, made per test: cuda() (cluster split on
-// sm_90+), on sm_90+ one with CudaBackendOptions::cluster_attention off, and one with vision
-// attention at one m-tile per warp and prefill Q in its own shared memory, splitting from two
-// key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1).
+// The CUDA backends a vision / prefill case runs on, made per test: cuda() (on sm_90 vision
+// attention at head dim 64 through the warpgroup-MMA kernel, the cluster split on sm_90+); on
+// sm_90 one with that kernel off (the mma.sync flash kernel, split); on sm_90+ one with
+// CudaBackendOptions::cluster_attention off (and the warpgroup-MMA kernel off); and one with
+// vision attention at one m-tile per warp and prefill Q in its own shared memory, splitting from
+// two key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1, the
+// warpgroup-MMA kernel off).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -41,9 +44,17 @@ class AttentionGpus {
   AttentionGpus() {
     list_.push_back({"", cuda()});
     auto info = cuda_device_info(0);
-    if (info.is_ok() && info->compute_capability >= 90) {
+    const int cc = info.is_ok() ? info->compute_capability : 0;
+    if (cc == 90) {
+      CudaBackendOptions o;
+      o.vision_wgmma = false;
+      mma_sync_ = cuda_backend_with(o);
+      list_.push_back({kMmaSync, mma_sync_.get()});
+    }
+    if (cc >= 90) {
       CudaBackendOptions o;
       o.cluster_attention = false;
+      o.vision_wgmma = false;
       unsplit_ = cuda_backend_with(o);
       list_.push_back({" no-cluster", unsplit_.get()});
     }
@@ -51,13 +62,19 @@ class AttentionGpus {
     o.vision_attention_mt = 1;
     o.prefill_q_alias = false;
     o.prefill_key_tiles = 1;
+    o.vision_wgmma = false;
     mt1_ = cuda_backend_with(o);
-    list_.push_back({" mt1 no-q-alias key-tiles-1", mt1_.get()});
+    list_.push_back({kMt1, mt1_.get()});
   }
   const std::vector<Gpu>& list() const { return list_; }
+  // The label of the backend whose vision attention is the mma.sync kernel at two m-tiles per
+  // warp with the same cluster setting as kMt1's.
+  std::string mt2_label() const { return mma_sync_ ? kMmaSync : ""; }
+  static constexpr const char* kMmaSync = " mma.sync";
+  static constexpr const char* kMt1 = " mt1 no-q-alias key-tiles-1";
 
  private:
-  std::unique_ptr<Backend> unsplit_, mt1_;
+  std::unique_ptr<Backend> mma_sync_, unsplit_, mt1_;
   std::vector<Gpu> list_;
 };
 
@@ -96,7 +113,7 @@ TEST(GpuOps, VisionAttention) {
     const std::vector<float> expected = download(cpu(), out_c);
     std::string segs;
     for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
-    std::vector<float> first;
+    std::vector<float> mt2;
     for (const Gpu& gpu : gpus.list()) {
       // Rows a kernel fails to write keep 5.0 and fail the comparison.
       Tensor out_g = filled_output(s, {N, int64_t{c.nh} * c.dh}, 5.0f);
@@ -106,9 +123,9 @@ TEST(GpuOps, VisionAttention) {
                           "segs " + segs + " nh" + std::to_string(c.nh) + " dh" + std::to_string(c.dh) + gpu.label, got,
                           expected, tol::kGpuAttention));
       // One or two m-tiles per warp: the same bits (a row's arithmetic does not depend on the warp).
-      if (gpu.label.empty()) first = got;
-      if (gpu.label == " mt1 no-q-alias") {
-        EXPECT_TRUE(got == first) << "segs " << segs << ": mt1 differs from mt2";
+      if (gpu.label == gpus.mt2_label()) mt2 = got;
+      if (gpu.label == AttentionGpus::kMt1) {
+        EXPECT_TRUE(!mt2.empty() && got == mt2) << "segs " << segs << ": mt1 differs from mt2";
       }
     }
   }

@@ -48,6 +48,8 @@ Status CudaBackend::init() {
   QVL_CUDA_OK(cudaMemset(argmax_scratch(), 0, kArgmaxScratchBytes + kDecodeSplitBlocks * sizeof(uint32_t)));
   gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
   cuda::configure_vision_attention();
+  ctx_.vision_wgmma = options_.vision_wgmma && cuda::vision_wgmma_available(info_.compute_capability);
+  if (ctx_.vision_wgmma) cuda::configure_vision_wgmma();
   ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
   cuda::configure_skinny(ctx_.ring_smem);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);

@@ -69,6 +69,7 @@ struct LaunchContext {
   bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
   bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
   int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
+  bool vision_wgmma = false;      // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
   bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
@@ -208,6 +209,15 @@ int configure_text_attention(bool clusters);
 // ---- attention_vision.cu ----
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                              int num_heads, int head_dim, float scale);
+// ---- attention_vision_wgmma.cu (sm_90a) ----
+// Whether the warpgroup-MMA vision kernel is built and usable on a device of this compute
+// capability (sm_90 exactly, and the driver's tensor-map encoder found).
+bool vision_wgmma_available(int compute_capability);
+void configure_vision_wgmma();
+// Launches it for head dim 64 when ctx.vision_wgmma, or returns false (nothing launched).
+// `tiles`: query tiles of 128 rows over all segments.
+bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
+                                   int num_heads, int head_dim, float scale, unsigned tiles);
 
 // ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
 int configure_decode_attention(bool clusters);

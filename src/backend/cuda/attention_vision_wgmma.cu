@@ -1,0 +1,387 @@
+// Vision attention at head dim 64 (Qwen3-VL 2B / 4B) on sm_90 with warpgroup MMA, in the scheme
+// of FlashAttention-3: a producer warp moves Q, K and V tiles into shared memory with the tensor
+// memory accelerator (TMA), and two consumer warpgroups of 64 query rows each run
+// S = Q·Kᵀ and O += P·V as asynchronous wgmma, the softmax of one key tile overlapping the
+// tensor cores' P·V of the previous one.
+//
+// Per block: one head, BM = 128 query rows of one segment (as attention_vision.cu's flash
+// kernel), key tiles of BN = 128 rows through a ring of kStages (K, V) stages. A TMA box is 128
+// rows x 64 columns (128 bytes) of the packed qkv [N, 3·nh·64], written in the 128-byte swizzle
+// that the wgmma descriptors read (K-major for Q and K; V as the transposed, N-major B operand).
+// Rows past N come in as zeros; keys past the segment's end are masked, and query rows past it
+// are computed and not stored.
+//
+// The consumer loop, per key tile j ≥ 1 (FA3's intra-warpgroup overlap):
+//   issue S = Q·K_jᵀ; issue O += P_{j-1}·V_{j-1}; wait for S; softmax of S in place (new running
+//   max m, rescale factor alpha, row sums l); wait for P·V; release the stage of tile j - 1;
+//   O *= alpha; P = bf16(S).
+// P is the register A operand (the S accumulator layout of two 8-column tiles is the A layout of
+// one 16-key step, as in flash.cuh). The softmax is flash.cuh's: log2 domain, p = exp2(s·scale -
+// m) by one FFMA and one EX2, P rounded to BF16, O and l in fp32, O / l at the end.
+//
+// Needs sm_90a (wgmma, setmaxnreg): this file is built on its own with 90a in place of 90; the
+// host asks vision_wgmma_available() first. The tensor map comes from the driver
+// (cuTensorMapEncodeTiled through cudaGetDriverEntryPoint: qvl still starts without libcuda).
+#include <cuda.h>
+
+#include <mutex>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace qvl::cuda {
+namespace {
+
+constexpr int kHD = 64;   // query rows per block: 128, two consumer warpgroups of 64
+constexpr int kBN = 128;  // keys per tile
+constexpr int kStages = 3;
+constexpr int kThreads = 384;                                            // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kTileBytes = kBN * kHD * 2;                                // 16 KiB: one TMA box, 128 rows of 128 bytes
+constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024 + 256;  // Q, K/V stages, alignment, barriers
+
+struct Params {
+  bf16* out;
+  const int32_t* cu;
+  int num_segments;
+  int heads;
+  float scale_log2;
+};
+
+// The device code exists for sm_90a only (the kernel's body is empty in every other pass).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// S[64 x 128] (+)= Q[64 x 16] · K[128 x 16]ᵀ, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_s(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major: V's rows as stored).
+__device__ __forceinline__ void wgmma_o(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// The compiler does not know that an issued wgmma writes its accumulators (or reads its A
+// registers) later: these pin the registers in place across the wait.
+template <int N>
+__device__ __forceinline__ void keep(float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(v[i])::"memory");
+}
+__device__ __forceinline__ void keep(uint32_t (&v)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(v[i][j])::"memory");
+}
+
+// Descriptor of a BF16 tile in the 128-byte swizzle (rows of 128 bytes, 8-row atoms 1024 bytes
+// apart): K-major operands step 32 bytes per 16 columns inside the atom; the N-major V steps
+// 2048 bytes (16 rows) per 16 keys.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// TMA: the box at (column c, row r) of the tensor map into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c, int r, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c), "r"(r), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  bf162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kThreads, 1)
+    vision_wgmma_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem;
+  auto sk = [&](int s) { return smem + (1 + 2 * s) * kTileBytes; };
+  auto sv = [&](int s) { return smem + (2 + 2 * s) * kTileBytes; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (1 + 2 * kStages) * kTileBytes);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;             // [kStages]: K and V of a tile have landed
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]: the 8 consumer warps are done with a stage
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // This block's segment and query tile (as attention_vision.cu's SegmentPolicy).
+  int idx = static_cast<int>(blockIdx.x), q0 = -1, qn = 0, kb = 0, kn = 0;
+  for (int s = 0; s < p.num_segments; ++s) {
+    const int begin = __ldg(p.cu + s), len = __ldg(p.cu + s + 1) - begin;
+    const int tiles = (len + 127) / 128;
+    if (idx < tiles) {
+      q0 = begin + idx * 128;
+      qn = min(128, len - idx * 128);
+      kb = begin;
+      kn = len;
+      break;
+    }
+    idx -= tiles;
+  }
+  grid_dep_wait();
+  grid_dep_launch();
+  if (q0 < 0) return;  // the whole block: no barrier is used past this point by anyone
+  const int head = static_cast<int>(blockIdx.y);
+  const int tiles = (kn + kBN - 1) / kBN;
+
+  if (warp < 4) {  // producer warpgroup: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (tid == 0) {
+      mbar_expect_tx(q_full, kTileBytes);
+      tma_load(sq, &map, head * kHD, q0, q_full);
+      for (int j = 0; j < tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
+        mbar_expect_tx(&full[s], 2 * kTileBytes);
+        tma_load(sk(s), &map, (p.heads + head) * kHD, kb + j * kBN, &full[s]);
+        tma_load(sv(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &full[s]);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+
+  const int wg = (warp >> 2) - 1;  // consumer warpgroup: query rows [64 wg, 64 wg + 64)
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
+  const float sl = p.scale_log2;
+  const uint32_t q_addr = smem_u32(sq) + wg * 64 * 128;
+
+  float o[32], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t pk[8][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+
+  auto issue_s = [&](int stage) {
+    const uint32_t k_addr = smem_u32(sk(stage));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_s(s, sw128_desc(q_addr + ks * 32), sw128_desc(k_addr + ks * 32), ks);
+    wgmma_commit();
+  };
+  auto issue_o = [&](int stage) {
+    const uint32_t v_addr = smem_u32(sv(stage));
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_o(o, pk[kk], sw128_desc(v_addr + kk * 2048));
+    wgmma_commit();
+  };
+  // Softmax of tile j in place (s becomes p); alpha rescales what O and l held before.
+  auto softmax = [&](int j, float(&alpha)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+    const int limit = kn - j * kBN;  // keys of this tile inside the segment
+    if (limit < kBN) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int key = (i >> 2) * 8 + 2 * t + (i & 1);
+        s[i] = key < limit ? s[i] : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float neg_base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * sl);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet: all p = 0
+      alpha[r] = ex2(m[r] - base);
+      m[r] = m_new;
+      neg_base[r] = -base;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      s[i] = ex2(fmaf(s[i], sl, neg_base[(i >> 1) & 1]));
+      l[(i >> 1) & 1] += s[i];
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[stage]);
+  };
+
+  mbar_wait(q_full, 0);
+  mbar_wait(&full[0], 0);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_wait<0>();
+  keep(s);
+  {
+    float alpha[2];
+    softmax(0, alpha);
+  }
+  pack_p();
+  for (int j = 1; j < tiles; ++j) {
+    const int st = j % kStages, prev = (j - 1) % kStages;
+    mbar_wait(&full[st], (j / kStages) & 1);
+    keep(o);
+    wgmma_fence();
+    issue_s(st);
+    issue_o(prev);
+    wgmma_wait<1>();
+    keep(s);
+    float alpha[2];
+    softmax(j, alpha);
+    wgmma_wait<0>();
+    keep(o);
+    keep(pk);
+    release(prev);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+    pack_p();
+  }
+  keep(o);
+  wgmma_fence();
+  issue_o((tiles - 1) % kStages);
+  wgmma_wait<0>();
+  keep(o);
+  keep(pk);
+  release((tiles - 1) % kStages);
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const int64_t ld = static_cast<int64_t>(p.heads) * kHD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    if (row >= qn) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    bf16* out = p.out + (q0 + row) * ld + head * kHD + 2 * t;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      *reinterpret_cast<bf162*>(out + 8 * i) =
+          __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+  }
+#endif
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static EncodeTiledFn fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(f);
+    else
+      cudaGetLastError();
+  });
+  return fn;
+}
+
+}  // namespace
+
+bool vision_wgmma_available(int compute_capability) {
+#if defined(QVL_VISION_WGMMA_SM90A)
+  return compute_capability == 90 && encode_tiled() != nullptr;
+#else
+  (void)compute_capability;
+  return false;
+#endif
+}
+
+void configure_vision_wgmma() {
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(vision_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+}
+
+bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
+                                   int num_heads, int head_dim, float scale, unsigned tiles) {
+  const int64_t n = qkv.dim(0), width = qkv.row_numel();
+  if (!ctx.vision_wgmma || head_dim != kHD || n <= 0 || n > INT32_MAX || width != 3LL * num_heads * kHD ||
+      reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0)
+    return false;
+  EncodeTiledFn encode = encode_tiled();
+  if (!encode) return false;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
+  const cuuint32_t box[2] = {kHD, kBN};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QVL_CHECK(r == CUDA_SUCCESS) << "cuTensorMapEncodeTiled for vision attention: error " << static_cast<int>(r) << " ("
+                               << qkv.describe() << ")";
+  Params prm{out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, num_heads,
+             scale * 1.4426950408889634f};
+  launch(ctx, "vision_attention_wgmma", vision_wgmma_kernel, dim3(tiles, static_cast<unsigned>(num_heads)),
+         dim3(kThreads), static_cast<size_t>(kSmemBytes), map, prm);
+  return true;
+}
+
+}  // namespace qvl::cuda
