@@ -127,7 +127,7 @@ void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor&
     QVL_CHECK_GE(len, 0) << "segment " << s;
     tiles += ceil_div(len, kBM);
   }
-  if (launch_vision_attention_wgmma(ctx, out, qkv, seg, num_heads, head_dim, scale, tiles)) return;
+  if (launch_vision_attention_wgmma(ctx, out, qkv, seg, num_heads, head_dim, scale)) return;
   if (head_dim != 64 && head_dim != 72) {
     launch_vision_attention_generic(ctx, out, qkv, seg, num_heads, head_dim, scale);
     return;

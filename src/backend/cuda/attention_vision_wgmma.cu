@@ -1,15 +1,15 @@
 // Vision attention at head dim 64 (Qwen3-VL 2B / 4B) on sm_90 with warpgroup MMA, in the scheme
-// of FlashAttention-3: a producer warp moves Q, K and V tiles into shared memory with the tensor
-// memory accelerator (TMA), and two consumer warpgroups of 64 query rows each run
-// S = Q·Kᵀ and O += P·V as asynchronous wgmma, the softmax of one key tile overlapping the
-// tensor cores' P·V of the previous one.
+// of FlashAttention-3: one thread of a producer warpgroup moves Q, K and V tiles into shared
+// memory with the tensor memory accelerator (TMA), and three consumer warpgroups of 64 query rows
+// each run S = Q·Kᵀ and O += P·V as asynchronous wgmma, the softmax of one key tile overlapping
+// the tensor cores' P·V of the previous one.
 //
-// Per block: one head, BM = 128 query rows of one segment (as attention_vision.cu's flash
-// kernel), key tiles of BN = 128 rows through a ring of kStages (K, V) stages. A TMA box is 128
-// rows x 64 columns (128 bytes) of the packed qkv [N, 3·nh·64], written in the 128-byte swizzle
-// that the wgmma descriptors read (K-major for Q and K; V as the transposed, N-major B operand).
-// Rows past N come in as zeros; keys past the segment's end are masked, and query rows past it
-// are computed and not stored.
+// Per block: one head, BM = 192 query rows of one segment, key tiles of BN = 128 rows through a
+// ring of kStages (K, V) stages with full / empty mbarriers. A TMA box is 128 rows x 64 columns
+// (128 bytes) of the packed qkv [N, 3·nh·64], written in the 128-byte swizzle that the wgmma
+// descriptors read (K-major for Q and K; V as the transposed, N-major B operand). Rows past N come
+// in as zeros; keys past the segment's end are masked, and query rows past it are computed and
+// not stored.
 //
 // The consumer loop, per key tile j ≥ 1 (FA3's intra-warpgroup overlap):
 //   issue S = Q·K_jᵀ; issue O += P_{j-1}·V_{j-1}; wait for S; softmax of S in place (new running
@@ -18,6 +18,12 @@
 // P is the register A operand (the S accumulator layout of two 8-column tiles is the A layout of
 // one 16-key step, as in flash.cuh). The softmax is flash.cuh's: log2 domain, p = exp2(s·scale -
 // m) by one FFMA and one EX2, P rounded to BF16, O and l in fp32, O / l at the end.
+//
+// 2B's image of 3072 patches on an H100 (tools/bench/CUDA_PERF_NOTES.md): 92 us per layer against
+// 169 for the mma.sync flash kernel. Two consumer warpgroups (BM = 128, 384 blocks) took 98 us;
+// two stages instead of three +25%, four the same; FA3's ping-pong between two warpgroups, S
+// double-buffered, a tree of partial maxima and sums, and a cubic exp2 on the FMA pipe for some of
+// the elements were each no better or within the run-to-run spread.
 //
 // Needs sm_90a (wgmma, setmaxnreg): this file is built on its own with 90a in place of 90; the
 // host asks vision_wgmma_available() first. The tensor map comes from the driver
@@ -31,12 +37,19 @@
 namespace qvl::cuda {
 namespace {
 
-constexpr int kHD = 64;   // query rows per block: 128, two consumer warpgroups of 64
-constexpr int kBN = 128;  // keys per tile
-constexpr int kStages = 3;
-constexpr int kThreads = 384;                                            // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kTileBytes = kBN * kHD * 2;                                // 16 KiB: one TMA box, 128 rows of 128 bytes
-constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024 + 256;  // Q, K/V stages, alignment, barriers
+constexpr int kHD = 64;
+constexpr int kCWG = 3;                     // consumer warpgroups of 64 query rows
+constexpr int kBM = 64 * kCWG;              // query rows per block
+constexpr int kBN = 128;                    // keys per tile
+constexpr int kStages = 3;                  // (K, V) stages
+constexpr int kThreads = 128 * (1 + kCWG);  // warpgroup 0: producer
+constexpr int kTileBytes = kBN * kHD * 2;   // 16 KiB: one TMA box, 128 rows of 128 bytes
+constexpr int kQBoxes = (kBM + kBN - 1) / kBN;
+constexpr int kSmemBytes = (kQBoxes + 2 * kStages) * kTileBytes + 1024 + 256;  // Q, K/V stages, alignment, barriers
+// Registers per thread after setmaxnreg: 4 x 128 threads at launch get 128 each; the producer
+// gives up 104 of them and the consumers take 32 more (65,536 in all).
+constexpr int kProducerRegs = 24, kConsumerRegs = 160;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kCWG <= 65536, "register file");
 
 struct Params {
   bf16* out;
@@ -144,19 +157,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem;
-  auto sk = [&](int s) { return smem + (1 + 2 * s) * kTileBytes; };
-  auto sv = [&](int s) { return smem + (2 + 2 * s) * kTileBytes; };
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (1 + 2 * kStages) * kTileBytes);
+  auto sk = [&](int s) { return smem + (kQBoxes + 2 * s) * kTileBytes; };
+  auto sv = [&](int s) { return smem + (kQBoxes + 1 + 2 * s) * kTileBytes; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (kQBoxes + 2 * kStages) * kTileBytes);
   uint64_t* q_full = bars;
   uint64_t* full = bars + 1;             // [kStages]: K and V of a tile have landed
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]: the 8 consumer warps are done with a stage
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]: every consumer warp is done with a stage
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
+      mbar_init(&empty[s], 4 * kCWG);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -166,10 +179,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int idx = static_cast<int>(blockIdx.x), q0 = -1, qn = 0, kb = 0, kn = 0;
   for (int s = 0; s < p.num_segments; ++s) {
     const int begin = __ldg(p.cu + s), len = __ldg(p.cu + s + 1) - begin;
-    const int tiles = (len + 127) / 128;
+    const int tiles = (len + kBM - 1) / kBM;
     if (idx < tiles) {
-      q0 = begin + idx * 128;
-      qn = min(128, len - idx * 128);
+      q0 = begin + idx * kBM;
+      qn = min(kBM, len - idx * kBM);
       kb = begin;
       kn = len;
       break;
@@ -183,10 +196,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles = (kn + kBN - 1) / kBN;
 
   if (warp < 4) {  // producer warpgroup: one thread issues every copy
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(q_full, kTileBytes);
-      tma_load(sq, &map, head * kHD, q0, q_full);
+      mbar_expect_tx(q_full, kQBoxes * kTileBytes);
+      for (int b = 0; b < kQBoxes; ++b) tma_load(sq + b * kTileBytes, &map, head * kHD, q0 + b * kBN, q_full);
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
         if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
@@ -197,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 
   const int wg = (warp >> 2) - 1;  // consumer warpgroup: query rows [64 wg, 64 wg + 64)
   const int g = lane >> 2, t = lane & 3;
@@ -360,7 +373,7 @@ void configure_vision_wgmma() {
 }
 
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
-                                   int num_heads, int head_dim, float scale, unsigned tiles) {
+                                   int num_heads, int head_dim, float scale) {
   const int64_t n = qkv.dim(0), width = qkv.row_numel();
   if (!ctx.vision_wgmma || head_dim != kHD || n <= 0 || n > INT32_MAX || width != 3LL * num_heads * kHD ||
       reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0)
@@ -379,6 +392,9 @@ bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const T
                                << qkv.describe() << ")";
   Params prm{out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, num_heads,
              scale * 1.4426950408889634f};
+  unsigned tiles = 0;
+  for (size_t s = 0; s + 1 < seg.host_cu_seqlens.size(); ++s)
+    tiles += ceil_div(seg.host_cu_seqlens[s + 1] - seg.host_cu_seqlens[s], kBM);
   launch(ctx, "vision_attention_wgmma", vision_wgmma_kernel, dim3(tiles, static_cast<unsigned>(num_heads)),
          dim3(kThreads), static_cast<size_t>(kSmemBytes), map, prm);
   return true;

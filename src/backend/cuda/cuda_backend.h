@@ -106,8 +106,9 @@ struct CudaBackendOptions {
   // depend on which warp does it (the GPU test compares them).
   int vision_attention_mt = 2;
   // Vision attention at head dim 64 (2B, 4B) on sm_90 through the warpgroup-MMA kernel
-  // (attention_vision_wgmma.cu: TMA producer, two consumer warpgroups, the softmax of one key tile
-  // beside the P·V of the previous one). Off, or elsewhere: the mma.sync flash kernel.
+  // (attention_vision_wgmma.cu: a TMA producer, three consumer warpgroups, the softmax of one key
+  // tile beside the P·V of the previous one): 2B's vision attention 169 -> 92 us per layer, vision
+  // encoder 8.4 -> 6.9 ms on an H100. Off, or elsewhere: the mma.sync flash kernel.
   bool vision_wgmma = true;
   // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
   // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.

@@ -215,9 +215,8 @@ void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor&
 bool vision_wgmma_available(int compute_capability);
 void configure_vision_wgmma();
 // Launches it for head dim 64 when ctx.vision_wgmma, or returns false (nothing launched).
-// `tiles`: query tiles of 128 rows over all segments.
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
-                                   int num_heads, int head_dim, float scale, unsigned tiles);
+                                   int num_heads, int head_dim, float scale);
 
 // ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
 int configure_decode_attention(bool clusters);
