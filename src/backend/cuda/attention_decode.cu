@@ -176,6 +176,40 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
   }
 }
 
+// The same for a BF16 cache, by threads [0, NT) (NT a multiple of HD / 8). Each thread keeps one
+// 16-byte column of the rows it copies, so the rows' page lookups are independent loads issued
+// together, and K and V of a row share one address. The generic loop above runs its lookups
+// one per copy, each before its cp.async (2 · kRound · HD / 8 / NT dependent loads in a row): on
+// the critical path of every key round inside the loop, and of the first round of a block that
+// becomes resident late.
+template <int HD, int NT>
+__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh,
+                                                int k0, int rows, int newest, const int32_t* pages = nullptr) {
+  constexpr int CPR = HD / 8;                       // 16-byte columns per row
+  constexpr int RPP = NT / CPR;                     // rows per pass of the NT threads
+  constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
+  static_assert(NT % CPR == 0, "whole rows per pass");
+  const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
+  int32_t page[kPasses];
+  int off[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int pi = page_index(p.cache, k0 + min(r0 + i * RPP, rows - 1), off[i]);
+    page[i] = pages ? pages[pi - pi0] : pt[pi];
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int r = r0 + i * RPP;
+    if (r >= rows || k0 + r == newest) continue;  // rows >= kRound never come; the newest key has its own buffer
+    const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
+    char* dst = stage + r * pitch<HD>() + chunk * 16;
+    cp_async16(dst, src);
+    cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
+  }
+}
+
 // The value a cache element holds once v is stored (store_kv), as BF16.
 __device__ __forceinline__ bf16 as_cached(float v, int esize) {
   return esize == 2 ? __float2bfloat16_rn(v)
@@ -467,11 +501,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
   if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) {
+    const int32_t* pages = nullptr;
     if (p.step_mode == 2) {  // the pages are in shared memory once the issuers meet
       asm volatile("bar.sync 1, %0;" ::"r"(issuers) : "memory");
-      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers, s_desc + 1);
+      pages = s_desc + 1;
+    }
+    if constexpr (kFp8) {
+      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers, pages);
+    } else if (p.fused) {
+      load_round_bf16<HD, kThreads - 32>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     } else {
-      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers);
+      load_round_bf16<HD, kThreads>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     }
   }
   zero_tail<HD>(kv, max(0, r0));
@@ -572,7 +612,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (r + 1 < nrounds) {
       const int k1 = k0 + kRound;
       char* next = kv + ((r + 1) % kStages) * 2 * kRound * pitch<HD>();
-      load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
+      if constexpr (kFp8)
+        load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
+      else
+        load_round_bf16<HD, kThreads>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
       zero_tail<HD>(next, min(kRound, k_end - k1));
     }
     cp_async_commit();
