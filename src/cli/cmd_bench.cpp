@@ -90,6 +90,7 @@ struct BenchOptions {
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
   bool no_vision_wgmma = false;          // A/B: CudaBackendOptions::vision_wgmma off
+  bool no_prefill_wgmma = false;         // A/B: CudaBackendOptions::prefill_wgmma off
   bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
   int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
@@ -157,6 +158,7 @@ Status run_bench(const BenchOptions& o) {
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
     opts.vision_wgmma = !o.no_vision_wgmma;
+    opts.prefill_wgmma = !o.no_prefill_wgmma;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
@@ -645,6 +647,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                "in a thread-block cluster");
   app.add_flag("--no-vision-wgmma", o->no_vision_wgmma,
                "CUDA A/B: vision attention at head dim 64 through the mma.sync flash kernel instead of the sm_90 "
+               "warpgroup-MMA one");
+  app.add_flag("--no-prefill-wgmma", o->no_prefill_wgmma,
+               "CUDA A/B: text prefill attention through the mma.sync flash kernel instead of the sm_90 "
                "warpgroup-MMA one");
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")

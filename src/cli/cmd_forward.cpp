@@ -50,6 +50,7 @@ struct ForwardOptions {
   std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
   bool no_cublas_gelu = false;       // CUDA: GELU (tanh) as a pass (CudaBackendOptions::cublas_gelu off)
   bool no_vision_wgmma = false;      // CUDA: CudaBackendOptions::vision_wgmma off
+  bool no_prefill_wgmma = false;     // CUDA: CudaBackendOptions::prefill_wgmma off
 };
 
 using Clock = std::chrono::steady_clock;
@@ -122,6 +123,7 @@ Result<std::unique_ptr<Backend>> make_backend(const ForwardOptions& o) {
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.vision_wgmma = !o.no_vision_wgmma;
+    opts.prefill_wgmma = !o.no_prefill_wgmma;
     return make_cuda_backend(opts);
   }
 #endif
@@ -271,6 +273,8 @@ std::function<int()> setup_forward(CLI::App& app) {
                "CUDA: GELU (tanh) Linears as a pass after the rounded output, not in cuBLASLt's epilogue");
   app.add_flag("--no-vision-wgmma", o->no_vision_wgmma,
                "CUDA: vision attention through the mma.sync flash kernel, not the sm_90 warpgroup-MMA one");
+  app.add_flag("--no-prefill-wgmma", o->no_prefill_wgmma,
+               "CUDA: text prefill attention through the mma.sync flash kernel, not the sm_90 warpgroup-MMA one");
   app.add_option("--fp8-gemm", o->fp8_gemm,
                  "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
                  "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")

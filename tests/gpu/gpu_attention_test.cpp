@@ -29,12 +29,12 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 }
 
 // The CUDA backends a vision / prefill case runs on, made per test: cuda() (on sm_90 vision
-// attention at head dim 64 through the warpgroup-MMA kernel, the cluster split on sm_90+); on
-// sm_90 one with that kernel off (the mma.sync flash kernel, split); on sm_90+ one with
-// CudaBackendOptions::cluster_attention off (and the warpgroup-MMA kernel off); and one with
-// vision attention at one m-tile per warp and prefill Q in its own shared memory, splitting from
-// two key tiles on (vision_attention_mt = 1, prefill_q_alias off, prefill_key_tiles = 1, the
-// warpgroup-MMA kernel off).
+// attention at head dim 64 and prefill at head dim 128 over a BF16 cache through the
+// warpgroup-MMA kernels, the cluster split on sm_90+); on sm_90 one with those kernels off (the
+// mma.sync flash kernels, split); on sm_90+ one with CudaBackendOptions::cluster_attention off
+// (and the warpgroup-MMA kernels off); and one with vision attention at one m-tile per warp and
+// prefill Q in its own shared memory, splitting from two key tiles on (vision_attention_mt = 1,
+// prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -48,6 +48,7 @@ class AttentionGpus {
     if (cc == 90) {
       CudaBackendOptions o;
       o.vision_wgmma = false;
+      o.prefill_wgmma = false;
       mma_sync_ = cuda_backend_with(o);
       list_.push_back({kMmaSync, mma_sync_.get()});
     }
@@ -55,6 +56,7 @@ class AttentionGpus {
       CudaBackendOptions o;
       o.cluster_attention = false;
       o.vision_wgmma = false;
+      o.prefill_wgmma = false;
       unsplit_ = cuda_backend_with(o);
       list_.push_back({" no-cluster", unsplit_.get()});
     }
@@ -63,6 +65,7 @@ class AttentionGpus {
     o.prefill_q_alias = false;
     o.prefill_key_tiles = 1;
     o.vision_wgmma = false;
+    o.prefill_wgmma = false;
     mt1_ = cuda_backend_with(o);
     list_.push_back({kMt1, mt1_.get()});
   }
@@ -403,12 +406,13 @@ TEST(GpuOps, TextPrefillAttentionSplit) {
   run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8, &gpus);
 }
 
-// Pages of other sizes than 16: a power of two (page lookups by shift) and not (by division),
-// for prefill and decode.
+// Pages of other sizes than 16: powers of two (page lookups by shift; on sm_90 the
+// warpgroup-MMA prefill reads 64 / page boxes per key tile at 64, part of a page at 256, and
+// leaves 4 to flash.cuh) and not (by division), for prefill and decode.
 TEST(GpuOps, TextAttentionPageSizes) {
   QVL_REQUIRE_CUDA();
   const AttentionGpus gpus;
-  for (int page : {4, 12, 64}) {
+  for (int page : {4, 12, 64, 256}) {
     run_text_attention("text_attention prefill", {{37, 301}, {64, 128}, {5, 5}}, 16, 8, 128, DType::kBF16, &gpus, page);
     run_text_attention("text_attention prefill", {{100, 250}}, 4, 2, 64, DType::kF8E4M3, &gpus, page);
     run_text_attention("text_attention decode", {{1, 700}, {1, 33}}, 16, 8, 128, DType::kBF16, nullptr, page);

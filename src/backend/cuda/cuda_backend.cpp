@@ -50,6 +50,8 @@ Status CudaBackend::init() {
   cuda::configure_vision_attention();
   ctx_.vision_wgmma = options_.vision_wgmma && cuda::vision_wgmma_available(info_.compute_capability);
   if (ctx_.vision_wgmma) cuda::configure_vision_wgmma();
+  ctx_.prefill_wgmma = options_.prefill_wgmma && cuda::prefill_wgmma_available(info_.compute_capability);
+  if (ctx_.prefill_wgmma) cuda::configure_prefill_wgmma();
   ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
   cuda::configure_skinny(ctx_.ring_smem);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);

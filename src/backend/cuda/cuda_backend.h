@@ -110,6 +110,9 @@ struct CudaBackendOptions {
   // tile beside the P·V of the previous one): 2B's vision attention 169 -> 92 us per layer, vision
   // encoder 8.4 -> 6.9 ms on an H100. Off, or elsewhere: the mma.sync flash kernel.
   bool vision_wgmma = true;
+  // Text prefill attention at head dim 128 over a BF16 cache on sm_90 through the warpgroup-MMA
+  // kernel (attention_prefill_wgmma.cu: K and V pages by TMA). Off, or elsewhere: flash.cuh.
+  bool prefill_wgmma = true;
   // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
   // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.
   bool prefill_q_alias = true;

@@ -70,6 +70,7 @@ struct LaunchContext {
   bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
   int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
   bool vision_wgmma = false;      // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
+  bool prefill_wgmma = false;     // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
   bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
@@ -217,6 +218,14 @@ void configure_vision_wgmma();
 // Launches it for head dim 64 when ctx.vision_wgmma, or returns false (nothing launched).
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                                    int num_heads, int head_dim, float scale);
+// ---- attention_prefill_wgmma.cu (sm_90a) ----
+bool prefill_wgmma_available(int compute_capability);
+void configure_prefill_wgmma();
+// Causal prefill attention at head dim 128 over a BF16 cache with pages of a power of two >= 8
+// tokens when ctx.prefill_wgmma, or returns false (nothing launched).
+bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
+                                         const TextBatch& batch, const KvCacheView& cache, int layer,
+                                         const TextAttentionShape& shape, float scale);
 
 // ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
 int configure_decode_attention(bool clusters);

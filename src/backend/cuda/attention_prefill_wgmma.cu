@@ -1,0 +1,508 @@
+// Causal text prefill attention at head dim 128 (Qwen3-VL 2B / 4B / 8B) over the paged BF16 KV
+// cache on sm_90 with warpgroup MMA, in the scheme of attention_vision_wgmma.cu: one thread of a
+// producer warpgroup loads tiles with the tensor memory accelerator (TMA), consumer warpgroups of
+// 64 query rows run S = Q·Kᵀ and O += P·V as asynchronous wgmma, the softmax of one key tile
+// beside the P·V of the previous one.
+//
+// Per block: one query head, BM = 64 · CWG rows of one sequence's new rows, key tiles of 64 through
+// a ring of kStages (K, V) stages. Rows of 128 elements (256 bytes) are split into two halves of
+// 64 (128 bytes, the width of the 128-byte swizzle): a tile is [2 halves][rows][128 bytes], and a
+// 16-column step of Q·Kᵀ reads half ks / 4 at 32 · (ks % 4) bytes; P·V runs per half of the
+// output as m64n64k16 with V as the transposed operand (the vision kernel's descriptor).
+// - Q comes from the packed qkv (rotated in place by text_qkv_prepare) through a 2-D tensor map.
+// - K and V come from the cache through 4-D tensor maps, [pages][page_size][Hkv][128] with the
+//   page and layer strides of KvCacheView; a key tile is 64 / page_size boxes (page size a power
+//   of two up to 64) or part of one page (larger powers of two), the pages read from the
+//   sequence's page table by the producer.
+// - Causal: query row i (absolute position pos0 + i) sees keys j <= pos0 + i. Tiles past the
+//   last row's keys are not loaded; only tiles that reach past pos0 or past the keys are masked.
+//
+// The softmax is the flash core's (flash.cuh): log2 domain, p = exp2(s · scale − m) by one FFMA
+// and one EX2, P rounded to BF16, O and l in fp32, O / l at the end.
+//
+// Needs sm_90a: built with attention_vision_wgmma.cu's flags; the host asks
+// prefill_wgmma_available() first. FP8 caches, other head dims and page sizes take flash.cuh.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "backend/cuda/attention_cache.cuh"
+#include "core/log.h"
+
+namespace qvl::cuda {
+namespace {
+
+constexpr int kHD = 128;
+constexpr int kBN = 64;                     // keys per tile
+constexpr int kHalfBytes = 64 * 128;        // one half (64 columns) of 64 rows
+constexpr int kTileBytes = 2 * kHalfBytes;  // 64 rows x 128 columns, BF16
+constexpr int kStages = 3;
+
+template <int CWG>
+struct Cfg {
+  static constexpr int kBM = 64 * CWG;
+  static constexpr int kThreads = 128 * (CWG + 1);
+  static constexpr int kSmemBytes = (CWG + 2 * kStages) * kTileBytes + 1024 + 256;
+  // 128 registers per thread at launch for CWG = 1 (two blocks per SM) and 2 (one); the producer
+  // gives up 104 of them.
+  static constexpr int kConsumerRegs = CWG == 1 ? 232 : 160;
+  static constexpr int kMinBlocks = CWG == 1 ? 2 : 1;
+};
+
+// The block's registers after setmaxnreg: the producer's 24 per thread pay for the consumers'.
+static_assert((24 + Cfg<1>::kConsumerRegs) * 128 <= 65536 / 2, "CWG 1: two blocks per SM");
+static_assert((24 + 2 * Cfg<2>::kConsumerRegs) * 128 <= 65536, "CWG 2: one block per SM");
+
+struct Params {
+  bf16* out;
+  const int32_t* query_start;
+  const int32_t* context_len;
+  const int32_t* page_table;
+  int num_seqs, max_pages, hq, hkv, page_size, page_shift;
+  int grid_tiles;
+  float scale_log2;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]ᵀ, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major).
+__device__ __forceinline__ void wgmma_o(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void keep(float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(v[i])::"memory");
+}
+__device__ __forceinline__ void keep(uint32_t (&v)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(v[i][j])::"memory");
+}
+
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  bf162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int CWG>
+__global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
+    prefill_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                         const __grid_constant__ CUtensorMap vmap, const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<CWG>;
+  constexpr int kBM = C::kBM;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem;  // [CWG][2 halves][64 rows][128 B]
+  auto sk = [&](int s) { return smem + (CWG + 2 * s) * kTileBytes; };
+  auto sv = [&](int s) { return smem + (CWG + 2 * s + 1) * kTileBytes; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (CWG + 2 * kStages) * kTileBytes);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + kStages;
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * CWG);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  grid_dep_wait();
+  grid_dep_launch();
+
+  // This block's query tile, the heaviest first (later tiles of a sequence see more keys).
+  int idx = p.grid_tiles - 1 - static_cast<int>(blockIdx.x);
+  int seq = -1, row0 = 0, qn = 0, pos0 = 0, kn = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q0 = __ldg(p.query_start + s), qlen = __ldg(p.query_start + s + 1) - q0;
+    const int tiles = (qlen + kBM - 1) / kBM;
+    if (idx < tiles) {
+      const int ctx = __ldg(p.context_len + s);
+      seq = s;
+      row0 = q0 + idx * kBM;
+      qn = min(kBM, qlen - idx * kBM);
+      pos0 = ctx - qlen + idx * kBM;
+      kn = max(0, min(ctx, pos0 + qn));
+      break;
+    }
+    idx -= tiles;
+  }
+  if (seq < 0 || kn == 0) return;  // the whole block
+  const int head = static_cast<int>(blockIdx.y), kvh = head / (p.hq / p.hkv);
+  const int tiles = (kn + kBN - 1) / kBN;
+
+  if (warp < 4) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (tid == 0) {
+      mbar_expect_tx(q_full, CWG * kTileBytes);
+      for (int w = 0; w < CWG; ++w)
+        for (int h = 0; h < 2; ++h)
+          tma_load_2d(sq + w * kTileBytes + h * kHalfBytes, &qmap, head * kHD + 64 * h, row0 + 64 * w, q_full);
+      const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
+      const int per_box = min(p.page_size, kBN);  // keys per TMA box
+      for (int j = 0; j < tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
+        mbar_expect_tx(&full[s], 2 * kTileBytes);
+        for (int b = 0; b < kBN / per_box; ++b) {
+          // Boxes past the last key re-read the last key's page (their rows are masked, and V's
+          // are zeroed before use): the page table has no entries past it.
+          const int key = j * kBN + b * per_box;
+          const int page = __ldg(pt + (min(key, kn - 1) >> p.page_shift)), off = key & (p.page_size - 1);
+          for (int h = 0; h < 2; ++h) {
+            const int dst = h * kHalfBytes + b * per_box * 128;
+            tma_load_4d(sk(s) + dst, &kmap, 64 * h, kvh, off, page, &full[s]);
+            tma_load_4d(sv(s) + dst, &vmap, 64 * h, kvh, off, page, &full[s]);
+          }
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+
+  const int wg = (warp >> 2) - 1;
+  const int g = lane >> 2, t = lane & 3;
+  const int r_lo = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: r_lo, r_lo + 8
+  const float sl = p.scale_log2;
+  const uint32_t q_addr = smem_u32(sq) + wg * kTileBytes;
+
+  float o0[32], o1[32], s[32], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t pk[4][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o0[i] = o1[i] = 0.0f;
+
+  auto issue_s = [&](int stage) {
+    const uint32_t k_addr = smem_u32(sk(stage));
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
+      wgmma_s(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off), ks);
+    }
+    wgmma_commit();
+  };
+  auto issue_o = [&](int stage) {
+    const uint32_t v_addr = smem_u32(sv(stage));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_o(o0, pk[kk], sw128_desc(v_addr + kk * 2048));
+      wgmma_o(o1, pk[kk], sw128_desc(v_addr + kHalfBytes + kk * 2048));
+    }
+    wgmma_commit();
+  };
+  auto softmax = [&](int j, float(&alpha)[2]) {
+    // Key (j · 64 + c) is visible to row r if it is < kn and <= pos0 + r.
+    if ((j + 1) * kBN > kn || (j + 1) * kBN - 1 > pos0 + wg * 64) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int key = j * kBN + (i >> 2) * 8 + 2 * t + (i & 1);
+        const int row = r_lo + ((i >> 1) & 1) * 8;
+        s[i] = key < kn && key <= pos0 + row ? s[i] : -INFINITY;
+      }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float neg_base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * sl);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = ex2(m[r] - base);
+      m[r] = m_new;
+      neg_base[r] = -base;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] = ex2(fmaf(s[i], sl, neg_base[(i >> 1) & 1]));
+      l[(i >> 1) & 1] += s[i];
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[stage]);
+  };
+
+  mbar_wait(q_full, 0);
+  mbar_wait(&full[0], 0);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_wait<0>();
+  keep(s);
+  {
+    float alpha[2];
+    softmax(0, alpha);
+  }
+  pack_p();
+  for (int j = 1; j < tiles; ++j) {
+    const int st = j % kStages, prev = (j - 1) % kStages;
+    mbar_wait(&full[st], (j / kStages) & 1);
+    keep(o0);
+    keep(o1);
+    wgmma_fence();
+    issue_s(st);
+    issue_o(prev);
+    wgmma_wait<1>();
+    keep(s);
+    float alpha[2];
+    softmax(j, alpha);
+    wgmma_wait<0>();
+    keep(o0);
+    keep(o1);
+    keep(pk);
+    release(prev);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      o0[i] *= alpha[(i >> 1) & 1];
+      o1[i] *= alpha[(i >> 1) & 1];
+    }
+    pack_p();
+  }
+  // V rows of the last tile past the last key come from whatever the cache holds there (possibly
+  // NaN bits, and 0 · NaN is NaN): zero them (generic stores, made visible to the async proxy)
+  // before the last P·V. No warpgroup has issued that P·V yet; all of them meet at the barrier.
+  if (const int valid = kn - (tiles - 1) * kBN; valid < kBN) {
+    uint8_t* v_last = sv((tiles - 1) % kStages);
+    const int ct = tid - 128;  // consumer thread
+    for (int c = ct; c < 2 * (kBN - valid) * 8; c += 128 * CWG) {
+      const int h = c / ((kBN - valid) * 8), rc = c % ((kBN - valid) * 8);
+      *reinterpret_cast<uint4*>(v_last + h * kHalfBytes + (valid + rc / 8) * 128 + (rc % 8) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(128 * CWG) : "memory");
+  }
+  keep(o0);
+  keep(o1);
+  wgmma_fence();
+  issue_o((tiles - 1) % kStages);
+  wgmma_wait<0>();
+  keep(o0);
+  keep(o1);
+  keep(pk);
+  release((tiles - 1) % kStages);
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const int64_t ld = static_cast<int64_t>(p.hq) * kHD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r_lo + r * 8;
+    if (row >= qn) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    bf16* out = p.out + (row0 + row) * ld + head * kHD + 2 * t;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      *reinterpret_cast<bf162*>(out + 8 * i) =
+          __floats2bfloat162_rn(o0[4 * i + 2 * r] * inv, o0[4 * i + 2 * r + 1] * inv);
+      *reinterpret_cast<bf162*>(out + 64 + 8 * i) =
+          __floats2bfloat162_rn(o1[4 * i + 2 * r] * inv, o1[4 * i + 2 * r + 1] * inv);
+    }
+  }
+#endif
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static EncodeTiledFn fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(f);
+    else
+      cudaGetLastError();
+  });
+  return fn;
+}
+
+template <int CWG>
+void configure_one() {
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<CWG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Cfg<CWG>::kSmemBytes));
+}
+
+int variant() {
+  static int v = [] {
+    const char* e = std::getenv("QVL_PW");
+    return e ? std::atoi(e) : 1;
+  }();
+  return v;
+}
+
+}  // namespace
+
+bool prefill_wgmma_available(int compute_capability) {
+#if defined(QVL_VISION_WGMMA_SM90A)
+  return compute_capability == 90 && encode_tiled() != nullptr;
+#else
+  (void)compute_capability;
+  return false;
+#endif
+}
+
+void configure_prefill_wgmma() {
+  configure_one<1>();
+  configure_one<2>();
+}
+
+bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
+                                         const TextBatch& batch, const KvCacheView& cache, int layer,
+                                         const TextAttentionShape& shape, float scale) {
+  const int64_t n = qkv.dim(0), width = qkv.row_numel();
+  const int ps = cache.page_size;
+  if (!ctx.prefill_wgmma || variant() == 0 || shape.head_dim != kHD || cache.dtype != DType::kBF16 ||
+      cache.head_dim != kHD || n <= 0 || n > INT32_MAX || (ps & (ps - 1)) != 0 || ps < 8 ||
+      cache.num_pages > INT32_MAX || reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
+    return false;
+  EncodeTiledFn encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint32_t elem2[2] = {1, 1}, elem4[4] = {1, 1, 1, 1};
+  CUtensorMap qmap, kmap, vmap;
+  {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, 64};
+    if (encode(&qmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem2,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  const CacheGeometry geo = geometry(cache, layer);
+  for (int v = 0; v < 2; ++v) {
+    const cuuint64_t dims[4] = {kHD, static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(ps),
+                                static_cast<cuuint64_t>(cache.num_pages)};
+    const cuuint64_t strides[3] = {kHD * sizeof(bf16), static_cast<cuuint64_t>(geo.token_bytes),
+                                   static_cast<cuuint64_t>(geo.page_bytes)};
+    const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(std::min(ps, kBN)), 1};
+    char* base = geo.base + geo.layer_offset + (v ? geo.v_offset : 0);
+    if (encode(v ? &vmap : &kmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, elem4,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  Params prm{};
+  prm.out = out.as<bf16>();
+  prm.query_start = batch.query_start.as<int32_t>();
+  prm.context_len = batch.context_len.as<int32_t>();
+  prm.page_table = batch.page_table.as<int32_t>();
+  prm.num_seqs = batch.num_seqs;
+  prm.max_pages = batch.max_pages_per_seq;
+  prm.hq = shape.num_q_heads;
+  prm.hkv = shape.num_kv_heads;
+  prm.page_size = ps;
+  prm.page_shift = 0;
+  while ((1 << prm.page_shift) < ps) ++prm.page_shift;
+  prm.scale_log2 = scale * 1.4426950408889634f;
+  auto go = [&](auto cwg) {
+    constexpr int CWG = decltype(cwg)::value;
+    // At most num_tokens / BM full tiles plus one partial tile per sequence (blocks past the
+    // last return).
+    const unsigned tiles = ceil_div(batch.num_tokens, Cfg<CWG>::kBM) + static_cast<unsigned>(batch.num_seqs);
+    prm.grid_tiles = static_cast<int>(tiles);
+    launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel<CWG>, dim3(tiles, prm.hq),
+           dim3(Cfg<CWG>::kThreads), static_cast<size_t>(Cfg<CWG>::kSmemBytes), qmap, kmap, vmap, prm);
+  };
+  if (variant() == 2)
+    go(std::integral_constant<int, 2>{});
+  else
+    go(std::integral_constant<int, 1>{});
+  return true;
+}
+
+}  // namespace qvl::cuda
