@@ -4,11 +4,12 @@
 // 64 query rows run S = Q·Kᵀ and O += P·V as asynchronous wgmma, the softmax of one key tile
 // beside the P·V of the previous one.
 //
-// Per block: one query head, BM = 64 · CWG rows of one sequence's new rows, key tiles of 64 through
-// a ring of kStages (K, V) stages. Rows of 128 elements (256 bytes) are split into two halves of
-// 64 (128 bytes, the width of the 128-byte swizzle): a tile is [2 halves][rows][128 bytes], and a
-// 16-column step of Q·Kᵀ reads half ks / 4 at 32 · (ks % 4) bytes; P·V runs per half of the
-// output as m64n64k16 with V as the transposed operand (the vision kernel's descriptor).
+// Per block: one query head, BM = 128 rows (two consumer warpgroups) of one sequence's new rows,
+// key tiles of 64 through a ring of kStages (K, V) stages. Rows of 128 elements (256 bytes) are
+// split into two halves of 64 (128 bytes, the width of the 128-byte swizzle): a tile is
+// [2 halves][rows][128 bytes], and a 16-column step of Q·Kᵀ reads half ks / 4 at 32 · (ks % 4)
+// bytes; P·V runs per half of the output as m64n64k16 with V as the transposed operand (the
+// vision kernel's descriptor).
 // - Q comes from the packed qkv (rotated in place by text_qkv_prepare) through a 2-D tensor map.
 // - K and V come from the cache through 4-D tensor maps, [pages][page_size][Hkv][128] with the
 //   page and layer strides of KvCacheView; a key tile is 64 / page_size boxes (page size a power
@@ -20,42 +21,38 @@
 // The softmax is the flash core's (flash.cuh): log2 domain, p = exp2(s · scale − m) by one FFMA
 // and one EX2, P rounded to BF16, O and l in fp32, O / l at the end.
 //
+// 2B's prefill of 802 rows on an H100: 24.3 us per layer against 36.8 for flash.cuh (one
+// consumer warpgroup, two blocks per SM: 29.4; two or four stages, or five at BM = 128: the same).
+// The heaviest query tile's 13 key tiles run in one block, on one SM, at about the tensor cores'
+// rate; a key split of the late tiles would spread them (not done).
+//
 // Needs sm_90a: built with attention_vision_wgmma.cu's flags; the host asks
 // prefill_wgmma_available() first. FP8 caches, other head dims and page sizes take flash.cuh.
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <mutex>
-#include <string>
-#include <type_traits>
 
 #include "backend/cuda/attention_cache.cuh"
-#include "core/log.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace qvl::cuda {
 namespace {
+
+using namespace wgmma;  // the warpgroup-MMA helpers (wgmma.cuh)
 
 constexpr int kHD = 128;
 constexpr int kBN = 64;                     // keys per tile
 constexpr int kHalfBytes = 64 * 128;        // one half (64 columns) of 64 rows
 constexpr int kTileBytes = 2 * kHalfBytes;  // 64 rows x 128 columns, BF16
 constexpr int kStages = 3;
-
-template <int CWG>
-struct Cfg {
-  static constexpr int kBM = 64 * CWG;
-  static constexpr int kThreads = 128 * (CWG + 1);
-  static constexpr int kSmemBytes = (CWG + 2 * kStages) * kTileBytes + 1024 + 256;
-  // 128 registers per thread at launch for CWG = 1 (two blocks per SM) and 2 (one); the producer
-  // gives up 104 of them.
-  static constexpr int kConsumerRegs = CWG == 1 ? 232 : 160;
-  static constexpr int kMinBlocks = CWG == 1 ? 2 : 1;
-};
-
-// The block's registers after setmaxnreg: the producer's 24 per thread pay for the consumers'.
-static_assert((24 + Cfg<1>::kConsumerRegs) * 128 <= 65536 / 2, "CWG 1: two blocks per SM");
-static_assert((24 + 2 * Cfg<2>::kConsumerRegs) * 128 <= 65536, "CWG 2: one block per SM");
+constexpr int kCWG = 2;                     // consumer warpgroups of 64 query rows
+constexpr int kBM = 64 * kCWG;              // query rows per block
+constexpr int kThreads = 128 * (kCWG + 1);  // warpgroup 0: producer
+constexpr int kSmemBytes = (kCWG + 2 * kStages) * kTileBytes + 1024 + 256;
+// Registers per thread after setmaxnreg (one block per SM): the producer's 24 pay for the
+// consumers' 160.
+constexpr int kProducerRegs = 24, kConsumerRegs = 160;
+static_assert((kProducerRegs + kCWG * kConsumerRegs) * 128 <= 65536, "register file");
 
 struct Params {
   bf16* out;
@@ -84,89 +81,18 @@ __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major).
-__device__ __forceinline__ void wgmma_o(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void keep(float (&v)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(v[i])::"memory");
-}
-__device__ __forceinline__ void keep(uint32_t (&v)[4][4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(v[i][j])::"memory");
-}
-
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  bf162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int CWG>
-__global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Cfg<CWG>;
-  constexpr int kBM = C::kBM;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* sq = smem;  // [CWG][2 halves][64 rows][128 B]
-  auto sk = [&](int s) { return smem + (CWG + 2 * s) * kTileBytes; };
-  auto sv = [&](int s) { return smem + (CWG + 2 * s + 1) * kTileBytes; };
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (CWG + 2 * kStages) * kTileBytes);
+  uint8_t* sq = smem;  // [kCWG][2 halves][64 rows][128 B]
+  auto sk = [&](int s) { return smem + (kCWG + 2 * s) * kTileBytes; };
+  auto sv = [&](int s) { return smem + (kCWG + 2 * s + 1) * kTileBytes; };
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (kCWG + 2 * kStages) * kTileBytes);
   uint64_t* q_full = bars;
   uint64_t* full = bars + 1;
   uint64_t* empty = bars + 1 + kStages;
@@ -176,7 +102,7 @@ __global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4 * CWG);
+      mbar_init(&empty[s], 4 * kCWG);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -206,10 +132,10 @@ __global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
   const int tiles = (kn + kBN - 1) / kBN;
 
   if (warp < 4) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(q_full, CWG * kTileBytes);
-      for (int w = 0; w < CWG; ++w)
+      mbar_expect_tx(q_full, kCWG * kTileBytes);
+      for (int w = 0; w < kCWG; ++w)
         for (int h = 0; h < 2; ++h)
           tma_load_2d(sq + w * kTileBytes + h * kHalfBytes, &qmap, head * kHD + 64 * h, row0 + 64 * w, q_full);
       const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
@@ -233,7 +159,7 @@ __global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 
   const int wg = (warp >> 2) - 1;
   const int g = lane >> 2, t = lane & 3;
@@ -350,13 +276,13 @@ __global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
   if (const int valid = kn - (tiles - 1) * kBN; valid < kBN) {
     uint8_t* v_last = sv((tiles - 1) % kStages);
     const int ct = tid - 128;  // consumer thread
-    for (int c = ct; c < 2 * (kBN - valid) * 8; c += 128 * CWG) {
+    for (int c = ct; c < 2 * (kBN - valid) * 8; c += 128 * kCWG) {
       const int h = c / ((kBN - valid) * 8), rc = c % ((kBN - valid) * 8);
       *reinterpret_cast<uint4*>(v_last + h * kHalfBytes + (valid + rc / 8) * 128 + (rc % 8) * 16) =
           make_uint4(0, 0, 0, 0);
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync 1, %0;\n" ::"n"(128 * CWG) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kCWG) : "memory");
   }
   keep(o0);
   keep(o1);
@@ -391,39 +317,6 @@ __global__ void __launch_bounds__(Cfg<CWG>::kThreads, Cfg<CWG>::kMinBlocks)
 #endif
 }
 
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<EncodeTiledFn>(f);
-    else
-      cudaGetLastError();
-  });
-  return fn;
-}
-
-template <int CWG>
-void configure_one() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<CWG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Cfg<CWG>::kSmemBytes));
-}
-
-int variant() {
-  static int v = [] {
-    const char* e = std::getenv("QVL_PW");
-    return e ? std::atoi(e) : 1;
-  }();
-  return v;
-}
-
 }  // namespace
 
 bool prefill_wgmma_available(int compute_capability) {
@@ -436,8 +329,7 @@ bool prefill_wgmma_available(int compute_capability) {
 }
 
 void configure_prefill_wgmma() {
-  configure_one<1>();
-  configure_one<2>();
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 }
 
 bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
@@ -445,10 +337,9 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                          const TextAttentionShape& shape, float scale) {
   const int64_t n = qkv.dim(0), width = qkv.row_numel();
   const int ps = cache.page_size;
-  if (!ctx.prefill_wgmma || variant() == 0 || shape.head_dim != kHD || cache.dtype != DType::kBF16 ||
-      cache.head_dim != kHD || n <= 0 || n > INT32_MAX || (ps & (ps - 1)) != 0 || ps < 8 ||
-      cache.num_pages > INT32_MAX || reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
+  if (!ctx.prefill_wgmma || shape.head_dim != kHD || cache.dtype != DType::kBF16 || cache.head_dim != kHD || n <= 0 ||
+      n > INT32_MAX || (ps & (ps - 1)) != 0 || ps < 8 || cache.num_pages > INT32_MAX ||
+      reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 || reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
     return false;
   EncodeTiledFn encode = encode_tiled();
   if (!encode) return false;
@@ -489,19 +380,12 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
   prm.page_shift = 0;
   while ((1 << prm.page_shift) < ps) ++prm.page_shift;
   prm.scale_log2 = scale * 1.4426950408889634f;
-  auto go = [&](auto cwg) {
-    constexpr int CWG = decltype(cwg)::value;
-    // At most num_tokens / BM full tiles plus one partial tile per sequence (blocks past the
-    // last return).
-    const unsigned tiles = ceil_div(batch.num_tokens, Cfg<CWG>::kBM) + static_cast<unsigned>(batch.num_seqs);
-    prm.grid_tiles = static_cast<int>(tiles);
-    launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel<CWG>, dim3(tiles, prm.hq),
-           dim3(Cfg<CWG>::kThreads), static_cast<size_t>(Cfg<CWG>::kSmemBytes), qmap, kmap, vmap, prm);
-  };
-  if (variant() == 2)
-    go(std::integral_constant<int, 2>{});
-  else
-    go(std::integral_constant<int, 1>{});
+  // At most num_tokens / BM full tiles plus one partial tile per sequence (blocks past the last
+  // return).
+  const unsigned tiles = ceil_div(batch.num_tokens, kBM) + static_cast<unsigned>(batch.num_seqs);
+  prm.grid_tiles = static_cast<int>(tiles);
+  launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel, dim3(tiles, prm.hq), dim3(kThreads),
+         static_cast<size_t>(kSmemBytes), qmap, kmap, vmap, prm);
   return true;
 }
 

@@ -33,11 +33,13 @@
 #include <mutex>
 #include <string>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 #include "core/log.h"
 
 namespace qvl::cuda {
 namespace {
+
+using namespace wgmma;  // the warpgroup-MMA helpers (wgmma.cuh)
 
 constexpr int kHD = 64;
 constexpr int kCWG = 3;                     // consumer warpgroups of 64 query rows
@@ -83,72 +85,6 @@ __device__ __forceinline__ void wgmma_s(float (&d)[64], uint64_t desc_a, uint64_
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major: V's rows as stored).
-__device__ __forceinline__ void wgmma_o(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// The compiler does not know that an issued wgmma writes its accumulators (or reads its A
-// registers) later: these pin the registers in place across the wait.
-template <int N>
-__device__ __forceinline__ void keep(float (&v)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(v[i])::"memory");
-}
-__device__ __forceinline__ void keep(uint32_t (&v)[8][4]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(v[i][j])::"memory");
-}
-
-// Descriptor of a BF16 tile in the 128-byte swizzle (rows of 128 bytes, 8-row atoms 1024 bytes
-// apart): K-major operands step 32 bytes per 16 columns inside the atom; the N-major V steps
-// 2048 bytes (16 rows) per 16 keys.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// TMA: the box at (column c, row r) of the tensor map into shared memory, completing on bar.
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c, int r, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c), "r"(r), "r"(smem_u32(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  bf162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -201,13 +137,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
       mbar_expect_tx(q_full, kQBoxes * kTileBytes);
-      for (int b = 0; b < kQBoxes; ++b) tma_load(sq + b * kTileBytes, &map, head * kHD, q0 + b * kBN, q_full);
+      for (int b = 0; b < kQBoxes; ++b) tma_load_2d(sq + b * kTileBytes, &map, head * kHD, q0 + b * kBN, q_full);
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
         if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
         mbar_expect_tx(&full[s], 2 * kTileBytes);
-        tma_load(sk(s), &map, (p.heads + head) * kHD, kb + j * kBN, &full[s]);
-        tma_load(sv(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &full[s]);
+        tma_load_2d(sk(s), &map, (p.heads + head) * kHD, kb + j * kBN, &full[s]);
+        tma_load_2d(sv(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &full[s]);
       }
     }
     return;
@@ -338,25 +274,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
   }
 #endif
-}
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<EncodeTiledFn>(f);
-    else
-      cudaGetLastError();
-  });
-  return fn;
 }
 
 }  // namespace
