@@ -167,10 +167,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float sl = p.scale_log2;
   const uint32_t q_addr = smem_u32(sq) + wg * kTileBytes;
 
-  float o0[32], o1[32], s[32], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[2][32], s[32];  // O: output columns 0-63 and 64-127
   uint32_t pk[4][4];
+  RowSoftmax<32> sm;
+  // Key j · 64 + c is visible to row r if it is < kn and <= pos0 + r: only tiles that reach past
+  // the keys or past this warpgroup's first row need the mask.
+  auto softmax = [&](int j, float(&alpha)[2]) {
+    const bool masked = (j + 1) * kBN > kn || (j + 1) * kBN - 1 > pos0 + wg * 64;
+    auto visible = [&](int i) {
+      const int key = j * kBN + (i >> 2) * 8 + 2 * t + (i & 1);
+      return key < kn && key <= pos0 + r_lo + ((i >> 1) & 1) * 8;
+    };
+    sm.step(s, sl, masked, visible, alpha);
+  };
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o0[i] = o1[i] = 0.0f;
+  for (int i = 0; i < 32; ++i) o[0][i] = o[1][i] = 0.0f;
 
   auto issue_s = [&](int stage) {
     const uint32_t k_addr = smem_u32(sk(stage));
@@ -185,91 +196,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t v_addr = smem_u32(sv(stage));
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_o(o0, pk[kk], sw128_desc(v_addr + kk * 2048));
-      wgmma_o(o1, pk[kk], sw128_desc(v_addr + kHalfBytes + kk * 2048));
+      wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
+      wgmma_o(o[1], pk[kk], sw128_desc(v_addr + kHalfBytes + kk * 2048));
     }
     wgmma_commit();
   };
-  auto softmax = [&](int j, float(&alpha)[2]) {
-    // Key (j · 64 + c) is visible to row r if it is < kn and <= pos0 + r.
-    if ((j + 1) * kBN > kn || (j + 1) * kBN - 1 > pos0 + wg * 64) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int key = j * kBN + (i >> 2) * 8 + 2 * t + (i & 1);
-        const int row = r_lo + ((i >> 1) & 1) * 8;
-        s[i] = key < kn && key <= pos0 + row ? s[i] : -INFINITY;
-      }
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-    float neg_base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * sl);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = ex2(m[r] - base);
-      m[r] = m_new;
-      neg_base[r] = -base;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      s[i] = ex2(fmaf(s[i], sl, neg_base[(i >> 1) & 1]));
-      l[(i >> 1) & 1] += s[i];
-    }
-  };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-  auto release = [&](int stage) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[stage]);
-  };
-
   mbar_wait(q_full, 0);
-  mbar_wait(&full[0], 0);
-  wgmma_fence();
-  issue_s(0);
-  wgmma_wait<0>();
-  keep(s);
-  {
-    float alpha[2];
-    softmax(0, alpha);
-  }
-  pack_p();
-  for (int j = 1; j < tiles; ++j) {
-    const int st = j % kStages, prev = (j - 1) % kStages;
-    mbar_wait(&full[st], (j / kStages) & 1);
-    keep(o0);
-    keep(o1);
-    wgmma_fence();
-    issue_s(st);
-    issue_o(prev);
-    wgmma_wait<1>();
-    keep(s);
-    float alpha[2];
-    softmax(j, alpha);
-    wgmma_wait<0>();
-    keep(o0);
-    keep(o1);
-    keep(pk);
-    release(prev);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      o0[i] *= alpha[(i >> 1) & 1];
-      o1[i] *= alpha[(i >> 1) & 1];
-    }
-    pack_p();
-  }
+  consumer_loop<kStages>(tiles, full, empty, s, o, pk, issue_s, issue_o, softmax);
   // V rows of the last tile past the last key come from whatever the cache holds there (possibly
   // NaN bits, and 0 · NaN is NaN): zero them (generic stores, made visible to the async proxy)
   // before the last P·V. No warpgroup has issued that P·V yet; all of them meet at the barrier.
@@ -284,35 +217,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kCWG) : "memory");
   }
-  keep(o0);
-  keep(o1);
-  wgmma_fence();
-  issue_o((tiles - 1) % kStages);
-  wgmma_wait<0>();
-  keep(o0);
-  keep(o1);
-  keep(pk);
-  release((tiles - 1) % kStages);
+  consumer_last<kStages>(tiles, empty, o, pk, issue_o);
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  float inv[2];
+  sm.finish(inv);
   const int64_t ld = static_cast<int64_t>(p.hq) * kHD;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = r_lo + r * 8;
-    if (row >= qn) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    bf16* out = p.out + (row0 + row) * ld + head * kHD + 2 * t;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      *reinterpret_cast<bf162*>(out + 8 * i) =
-          __floats2bfloat162_rn(o0[4 * i + 2 * r] * inv, o0[4 * i + 2 * r + 1] * inv);
-      *reinterpret_cast<bf162*>(out + 64 + 8 * i) =
-          __floats2bfloat162_rn(o1[4 * i + 2 * r] * inv, o1[4 * i + 2 * r + 1] * inv);
-    }
+    if (r_lo + r * 8 >= qn) continue;
+    bf16* out = p.out + (row0 + r_lo + r * 8) * ld + head * kHD;
+    store_o_row(out, o[0], r, inv[r]);
+    store_o_row(out + 64, o[1], r, inv[r]);
   }
 #endif
 }

@@ -11,7 +11,7 @@
 // in as zeros; keys past the segment's end are masked, and query rows past it are computed and
 // not stored.
 //
-// The consumer loop, per key tile j ≥ 1 (FA3's intra-warpgroup overlap):
+// The consumer loop (wgmma.cuh consumer_loop), per key tile j ≥ 1 (FA3's intra-warpgroup overlap):
 //   issue S = Q·K_jᵀ; issue O += P_{j-1}·V_{j-1}; wait for S; softmax of S in place (new running
 //   max m, rescale factor alpha, row sums l); wait for P·V; release the stage of tile j - 1;
 //   O *= alpha; P = bf16(S).
@@ -156,10 +156,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float sl = p.scale_log2;
   const uint32_t q_addr = smem_u32(sq) + wg * 64 * 128;
 
-  float o[32], s[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[1][32], s[64];
   uint32_t pk[8][4];
+  RowSoftmax<64> sm;
+  // Keys past the segment's end in tile j are masked.
+  auto softmax = [&](int j, float(&alpha)[2]) {
+    const int limit = kn - j * kBN;  // keys of tile j inside the segment
+    auto visible = [&](int i) { return (i >> 2) * 8 + 2 * t + (i & 1) < limit; };
+    sm.step(s, sl, limit < kBN, visible, alpha);
+  };
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  for (int i = 0; i < 32; ++i) o[0][i] = 0.0f;
 
   auto issue_s = [&](int stage) {
     const uint32_t k_addr = smem_u32(sk(stage));
@@ -170,109 +177,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_o = [&](int stage) {
     const uint32_t v_addr = smem_u32(sv(stage));
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_o(o, pk[kk], sw128_desc(v_addr + kk * 2048));
+    for (int kk = 0; kk < 8; ++kk) wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
     wgmma_commit();
   };
-  // Softmax of tile j in place (s becomes p); alpha rescales what O and l held before.
-  auto softmax = [&](int j, float(&alpha)[2]) {
-    float mx[2] = {-INFINITY, -INFINITY};
-    const int limit = kn - j * kBN;  // keys of this tile inside the segment
-    if (limit < kBN) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int key = (i >> 2) * 8 + 2 * t + (i & 1);
-        s[i] = key < limit ? s[i] : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-    float neg_base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r] * sl);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet: all p = 0
-      alpha[r] = ex2(m[r] - base);
-      m[r] = m_new;
-      neg_base[r] = -base;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      s[i] = ex2(fmaf(s[i], sl, neg_base[(i >> 1) & 1]));
-      l[(i >> 1) & 1] += s[i];
-    }
-  };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
-  auto release = [&](int stage) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[stage]);
-  };
-
   mbar_wait(q_full, 0);
-  mbar_wait(&full[0], 0);
-  wgmma_fence();
-  issue_s(0);
-  wgmma_wait<0>();
-  keep(s);
-  {
-    float alpha[2];
-    softmax(0, alpha);
-  }
-  pack_p();
-  for (int j = 1; j < tiles; ++j) {
-    const int st = j % kStages, prev = (j - 1) % kStages;
-    mbar_wait(&full[st], (j / kStages) & 1);
-    keep(o);
-    wgmma_fence();
-    issue_s(st);
-    issue_o(prev);
-    wgmma_wait<1>();
-    keep(s);
-    float alpha[2];
-    softmax(j, alpha);
-    wgmma_wait<0>();
-    keep(o);
-    keep(pk);
-    release(prev);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
-    pack_p();
-  }
-  keep(o);
-  wgmma_fence();
-  issue_o((tiles - 1) % kStages);
-  wgmma_wait<0>();
-  keep(o);
-  keep(pk);
-  release((tiles - 1) % kStages);
+  consumer_loop<kStages>(tiles, full, empty, s, o, pk, issue_s, issue_o, softmax);
+  consumer_last<kStages>(tiles, empty, o, pk, issue_o);
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  float inv[2];
+  sm.finish(inv);
   const int64_t ld = static_cast<int64_t>(p.heads) * kHD;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + r * 8;
-    if (row >= qn) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    bf16* out = p.out + (q0 + row) * ld + head * kHD + 2 * t;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      *reinterpret_cast<bf162*>(out + 8 * i) =
-          __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-  }
+  for (int r = 0; r < 2; ++r)
+    if (row0 + r * 8 < qn) store_o_row(p.out + (q0 + row0 + r * 8) * ld + head * kHD, o[0], r, inv[r]);
 #endif
 }
 

@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 
+#include <cmath>
 #include <mutex>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -91,6 +92,144 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   bf162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The online softmax of a consumer thread's two rows of an m64nN accumulator (NS = N / 2 floats:
+// element i is row g + 8 ((i / 2) % 2) of the warp's 16, column 8 (i / 4) + 2 t + i % 2), as
+// flash.cuh computes it: log2 domain, p = exp2(s · scale − m) by one FFMA and one EX2, m and l per
+// row in fp32 (l partial over the thread's columns until finish()).
+template <int NS>
+struct RowSoftmax {
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  // One key tile: s becomes p in place; alpha rescales what O and l held before. When `masked`,
+  // elements with !visible(i) count as -inf.
+  template <class Visible>
+  __device__ __forceinline__ void step(float (&s)[NS], float scale_log2, bool masked, Visible visible,
+                                       float (&alpha)[2]) {
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) s[i] = visible(i) ? s[i] : -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float neg_base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * scale_log2);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet: all p = 0
+      alpha[r] = ex2(m[r] - base);
+      m[r] = m_new;
+      neg_base[r] = -base;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      s[i] = ex2(fmaf(s[i], scale_log2, neg_base[(i >> 1) & 1]));
+      l[(i >> 1) & 1] += s[i];
+    }
+  }
+  // P as the register A operand of P·V, rounded to BF16: the accumulator layout of two 8-column
+  // tiles is the A layout of one 16-key step (elements 8 kk .. 8 kk + 7).
+  __device__ __forceinline__ static void pack(const float (&s)[NS], uint32_t (&pk)[NS / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NS / 8; ++kk) {
+      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+  // The row sums over the 4 threads of a row; then 1 / l (0 for a row that saw no key).
+  __device__ __forceinline__ void finish(float (&inv)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+  }
+};
+
+// A consumer warp is done with a stage: one arrival per warp on its empty barrier.
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbar_arrive(empty);
+}
+
+// A consumer warpgroup's loop over `tiles` key tiles of a kStages ring (full / empty mbarriers),
+// with FA3's intra-warpgroup overlap: per tile j >= 1, issue S = Q·K_jᵀ and O += P_{j-1}·V_{j-1},
+// wait for S, softmax (the tensor cores run P·V meanwhile), wait for P·V, release the stage of
+// tile j - 1, rescale O, pack P; then the last P·V. issue_s(stage) and issue_o(stage) issue and
+// commit one group each; softmax(j, alpha) runs RowSoftmax::step on s. O is NO accumulators of
+// an m64n64 output. Every consumer warp of the block runs it over the same tiles.
+template <int kStages, int NS, int NO, class IssueS, class IssueO, class Softmax>
+__device__ __forceinline__ void consumer_loop(int tiles, uint64_t* full, uint64_t* empty, float (&s)[NS],
+                                              float (&o)[NO][32], uint32_t (&pk)[NS / 8][4], IssueS issue_s,
+                                              IssueO issue_o, Softmax softmax) {
+  auto keep_o = [&] {
+#pragma unroll
+    for (int n = 0; n < NO; ++n) keep(o[n]);
+  };
+  mbar_wait(&full[0], 0);
+  wgmma_fence();
+  issue_s(0);
+  wgmma_wait<0>();
+  keep(s);
+  {
+    float alpha[2];
+    softmax(0, alpha);
+  }
+  RowSoftmax<NS>::pack(s, pk);
+  for (int j = 1; j < tiles; ++j) {
+    const int st = j % kStages, prev = (j - 1) % kStages;
+    mbar_wait(&full[st], (j / kStages) & 1);
+    keep_o();
+    wgmma_fence();
+    issue_s(st);
+    issue_o(prev);
+    wgmma_wait<1>();
+    keep(s);
+    float alpha[2];
+    softmax(j, alpha);
+    wgmma_wait<0>();
+    keep_o();
+    keep(pk);
+    release_stage(&empty[prev]);
+#pragma unroll
+    for (int n = 0; n < NO; ++n)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
+    RowSoftmax<NS>::pack(s, pk);
+  }
+}
+
+// The last tile's P·V (after consumer_loop, and whatever the kernel does to the last stage first).
+template <int kStages, int NO, int NP, class IssueO>
+__device__ __forceinline__ void consumer_last(int tiles, uint64_t* empty, float (&o)[NO][32], uint32_t (&pk)[NP][4],
+                                              IssueO issue_o) {
+#pragma unroll
+  for (int n = 0; n < NO; ++n) keep(o[n]);
+  wgmma_fence();
+  issue_o((tiles - 1) % kStages);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int n = 0; n < NO; ++n) keep(o[n]);
+  keep(pk);
+  release_stage(&empty[(tiles - 1) % kStages]);
+}
+
+// Row r (0 or 1: g or g + 8) of an m64n64 O accumulator times inv, as BF16 to out (the row's
+// 64 columns; this thread writes columns 8 i + 2 t, + 1).
+__device__ __forceinline__ void store_o_row(bf16* out, const float (&o)[32], int r, float inv) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    *reinterpret_cast<bf162*>(out + 8 * i + 2 * t) =
+        __floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
