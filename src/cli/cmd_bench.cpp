@@ -37,6 +37,7 @@
 #include "backend/top_k.h"
 #include "cli/bench_support.h"
 #include "cli/command.h"
+#include "cli/engine_args.h"
 #include "cli/model_args.h"
 #include "core/arena.h"
 #include "image/image.h"
@@ -645,12 +646,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
                "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
                "in a thread-block cluster");
-  app.add_flag("--no-vision-wgmma", o->no_vision_wgmma,
-               "CUDA A/B: vision attention at head dim 64 through the mma.sync flash kernel instead of the sm_90 "
-               "warpgroup-MMA one");
-  app.add_flag("--no-prefill-wgmma", o->no_prefill_wgmma,
-               "CUDA A/B: text prefill attention through the mma.sync flash kernel instead of the sm_90 "
-               "warpgroup-MMA one");
+  add_wgmma_flags(app, &o->no_vision_wgmma, &o->no_prefill_wgmma);
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));
@@ -665,10 +661,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       "--decode-stack-debug", o->decode_stack_debug,
       "CUDA diagnostics: switch parts of the fused decode stack off (1 waits, 2 math, 4 attention, 8 L2 prefetch; "
       "wrong results, for timing)");
-  app.add_option("--fp8-gemm", o->fp8_gemm,
-                 "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
-                 "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")
-      ->check(CLI::IsMember({"w8a8", "dequant"}));
+  add_fp8_gemm_option(app, &o->fp8_gemm);
   app.add_flag("--profile", o->profile, "CUDA: per-op device times of vision, TTFT and one decode step (stderr)");
   app.add_option("--out", o->out, "Also write the JSON to this file");
   return [o]() -> int {

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "cli/command.h"
+#include "cli/engine_args.h"
 #include "cli/model_args.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
@@ -271,14 +272,8 @@ std::function<int()> setup_forward(CLI::App& app) {
   app.add_flag("--no-stages", o->no_stages, "Only logits and forward.json (no stage dumps)");
   app.add_flag("--no-cublas-gelu", o->no_cublas_gelu,
                "CUDA: GELU (tanh) Linears as a pass after the rounded output, not in cuBLASLt's epilogue");
-  app.add_flag("--no-vision-wgmma", o->no_vision_wgmma,
-               "CUDA: vision attention through the mma.sync flash kernel, not the sm_90 warpgroup-MMA one");
-  app.add_flag("--no-prefill-wgmma", o->no_prefill_wgmma,
-               "CUDA: text prefill attention through the mma.sync flash kernel, not the sm_90 warpgroup-MMA one");
-  app.add_option("--fp8-gemm", o->fp8_gemm,
-                 "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
-                 "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")
-      ->check(CLI::IsMember({"w8a8", "dequant"}));
+  add_wgmma_flags(app, &o->no_vision_wgmma, &o->no_prefill_wgmma);
+  add_fp8_gemm_option(app, &o->fp8_gemm);
   return [o] {
     Status s = run_forward(*o);
     if (!s.is_ok()) {

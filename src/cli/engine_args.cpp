@@ -28,10 +28,23 @@ void add_engine_args(CLI::App& app, EngineArgs* a) {
                "FP8 text Linears: a BF16 checkpoint is quantized at load (128x128 blocks, as the -FP8 checkpoints)");
   app.add_flag("--auto-fit", a->auto_fit,
                "When the model does not fit the budget, apply the cheapest changes that fit (printed)");
-  app.add_option("--fp8-gemm", a->fp8_gemm,
+  add_fp8_gemm_option(app, &a->fp8_gemm);
+}
+
+void add_fp8_gemm_option(CLI::App& app, std::string* value) {
+  app.add_option("--fp8-gemm", *value,
                  "CUDA: FP8 Linears over many rows: dequant (BF16 weights, transformers' dequantize=True numerics) or "
                  "w8a8 (quantised activations, block-scaled cuBLASLt on sm_90: faster prefill, less exact) (dequant)")
       ->check(CLI::IsMember({"w8a8", "dequant"}));
+}
+
+void add_wgmma_flags(CLI::App& app, bool* no_vision, bool* no_prefill) {
+  app.add_flag("--no-vision-wgmma", *no_vision,
+               "CUDA A/B: vision attention at head dim 64 through the mma.sync flash kernel instead of the sm_90 "
+               "warpgroup-MMA one");
+  app.add_flag("--no-prefill-wgmma", *no_prefill,
+               "CUDA A/B: text prefill attention through the mma.sync flash kernel instead of the sm_90 "
+               "warpgroup-MMA one");
 }
 
 std::string auto_fit_report(const LoadedModel& m) {

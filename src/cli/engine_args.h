@@ -16,24 +16,29 @@
 namespace qvl::cli {
 
 struct EngineArgs {
-  std::string backend = "auto";   // cpu | cuda | auto (cuda when a device is usable)
-  int threads = 0;                // CPU backend threads; 0 = all cores
-  int gpu = 0;                    // CUDA device ordinal
-  std::string gpu_memory;         // budget, e.g. "6GiB"; "" = free memory minus --reserve
-  std::string reserve;            // left free for other programs ("" = 256MiB)
-  int64_t context = 4096;         // prompt + answer tokens per sequence
-  int64_t max_image_pixels = 0;   // 0 = the model's max_pixels
-  int64_t max_image_tokens = 0;   // 0 = only the pixel cap
-  int64_t prefill_chunk = 2048;   // rows per decoder step
-  std::string kv_dtype = "bf16";  // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
-  int offload_layers = 0;         // decoder layers kept in host memory (memory/offload.h)
-  bool fp8 = false;               // block-FP8 text Linears (quantized at load from BF16: memory/quantize.h)
-  bool auto_fit = false;          // apply memory/planner.h auto_fit() when the plan does not fit
+  std::string backend = "auto";      // cpu | cuda | auto (cuda when a device is usable)
+  int threads = 0;                   // CPU backend threads; 0 = all cores
+  int gpu = 0;                       // CUDA device ordinal
+  std::string gpu_memory;            // budget, e.g. "6GiB"; "" = free memory minus --reserve
+  std::string reserve;               // left free for other programs ("" = 256MiB)
+  int64_t context = 4096;            // prompt + answer tokens per sequence
+  int64_t max_image_pixels = 0;      // 0 = the model's max_pixels
+  int64_t max_image_tokens = 0;      // 0 = only the pixel cap
+  int64_t prefill_chunk = 2048;      // rows per decoder step
+  std::string kv_dtype = "bf16";     // bf16 | fp8 (CUDA; the CPU backend keeps fp32)
+  int offload_layers = 0;            // decoder layers kept in host memory (memory/offload.h)
+  bool fp8 = false;                  // block-FP8 text Linears (quantized at load from BF16: memory/quantize.h)
+  bool auto_fit = false;             // apply memory/planner.h auto_fit() when the plan does not fit
   std::string fp8_gemm = "dequant";  // CUDA: FP8 Linears over many rows, w8a8 | dequant (CudaFp8Gemm)
 };
 
 // Adds the flags to `app`.
 void add_engine_args(CLI::App& app, EngineArgs* args);
+// --fp8-gemm (w8a8 | dequant), which `qvl bench` and `qvl forward` take too.
+void add_fp8_gemm_option(CLI::App& app, std::string* value);
+// The CUDA A/B switches of the warpgroup-MMA attention kernels (`qvl bench`, `qvl forward`):
+// --no-vision-wgmma, --no-prefill-wgmma.
+void add_wgmma_flags(CLI::App& app, bool* no_vision, bool* no_prefill);
 
 struct BackendChoice {
   std::shared_ptr<Backend> backend;

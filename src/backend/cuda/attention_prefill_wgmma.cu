@@ -31,6 +31,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool prefill_wgmma_available(int compute_capability) {
-#if defined(QVL_VISION_WGMMA_SM90A)
+#if defined(QVL_WGMMA_SM90A)
   return compute_capability == 90 && encode_tiled() != nullptr;
 #else
   (void)compute_capability;
@@ -252,21 +253,24 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                          const TextAttentionShape& shape, float scale) {
   const int64_t n = qkv.dim(0), width = qkv.row_numel();
   const int ps = cache.page_size;
-  if (!ctx.prefill_wgmma || shape.head_dim != kHD || cache.dtype != DType::kBF16 || cache.head_dim != kHD || n <= 0 ||
-      n > INT32_MAX || (ps & (ps - 1)) != 0 || ps < 8 || cache.num_pages > INT32_MAX ||
+  if (!ctx.prefill_wgmma || shape.head_dim != kHD || cache.dtype != DType::kBF16 || cache.head_dim != kHD ||
+      width != int64_t{shape.num_q_heads + 2 * shape.num_kv_heads} * kHD || n <= 0 || n > INT32_MAX ||
+      (ps & (ps - 1)) != 0 || ps < 8 || cache.num_pages > INT32_MAX ||
       reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 || reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
     return false;
   EncodeTiledFn encode = encode_tiled();
   if (!encode) return false;
+  static std::once_flag warned;
   const cuuint32_t elem2[2] = {1, 1}, elem4[4] = {1, 1, 1, 1};
   CUtensorMap qmap, kmap, vmap;
   {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
     const cuuint32_t box[2] = {64, 64};
-    if (encode(&qmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem2,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (!encoded(encode(&qmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem2,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                 warned, "prefill attention"))
       return false;
   }
   const CacheGeometry geo = geometry(cache, layer);
@@ -277,9 +281,10 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                    static_cast<cuuint64_t>(geo.page_bytes)};
     const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(std::min(ps, kBN)), 1};
     char* base = geo.base + geo.layer_offset + (v ? geo.v_offset : 0);
-    if (encode(v ? &vmap : &kmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, elem4,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (!encoded(encode(v ? &vmap : &kmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, elem4,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                 warned, "prefill attention"))
       return false;
   }
   Params prm{};

@@ -30,11 +30,7 @@
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPoint: qvl still starts without libcuda).
 #include <cuda.h>
 
-#include <mutex>
-#include <string>
-
 #include "backend/cuda/wgmma.cuh"
-#include "core/log.h"
 
 namespace qvl::cuda {
 namespace {
@@ -196,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool vision_wgmma_available(int compute_capability) {
-#if defined(QVL_VISION_WGMMA_SM90A)
+#if defined(QVL_WGMMA_SM90A)
   return compute_capability == 90 && encode_tiled() != nullptr;
 #else
   (void)compute_capability;
@@ -224,14 +220,8 @@ bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const T
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {  // the mma.sync kernel takes it; say so once
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      log_warn("vision attention: cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(r)) + ", " +
-               qkv.describe() + "); using the mma.sync kernel");
-    });
-    return false;
-  }
+  static std::once_flag warned;
+  if (!encoded(r, warned, "vision attention")) return false;
   Params prm{out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, num_heads,
              scale * 1.4426950408889634f};
   unsigned tiles = 0;

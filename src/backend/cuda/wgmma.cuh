@@ -14,8 +14,10 @@
 
 #include <cmath>
 #include <mutex>
+#include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "core/log.h"
 
 namespace qvl::cuda::wgmma {
 
@@ -252,6 +254,17 @@ inline EncodeTiledFn encode_tiled() {
       cudaGetLastError();
   });
   return fn;
+}
+
+// Whether cuTensorMapEncodeTiled succeeded (r); if not, says once per `flag` that `what` falls
+// back to its mma.sync kernel (the maps are built per launch from the tensors' addresses).
+inline bool encoded(CUresult r, std::once_flag& flag, const char* what) {
+  if (r == CUDA_SUCCESS) return true;
+  std::call_once(flag, [&] {
+    log_warn(std::string(what) + ": cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(r)) +
+             "); using the mma.sync kernel");
+  });
+  return false;
 }
 
 }  // namespace qvl::cuda::wgmma
