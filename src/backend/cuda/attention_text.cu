@@ -499,6 +499,7 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
     launch_text_attention_generic(ctx, out, qkv, batch, cache, layer, shape, scale);
     return;
   }
+  if (launch_text_prefill_attention_wgmma(ctx, out, qkv, batch, cache, layer, shape, scale)) return;
   PagedParams prm{qkv.as<bf16>(),
                   out.as<bf16>(),
                   batch.query_start.as<int32_t>(),
@@ -509,7 +510,6 @@ void launch_text_prefill_attention(const LaunchContext& ctx, Tensor out, const T
                   batch.max_pages_per_seq,
                   shape.num_q_heads,
                   shape.num_kv_heads};
-  if (launch_text_prefill_attention_wgmma(ctx, out, qkv, batch, cache, layer, shape, scale)) return;
   const bool fp8 = cache.dtype == DType::kF8E4M3;
   // max_context bounds every context_len; a batch that leaves it 0 bounds it by its page table.
   const int bound = batch.max_context > 0 ? batch.max_context : batch.max_pages_per_seq * cache.page_size;
