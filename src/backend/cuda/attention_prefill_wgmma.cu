@@ -31,7 +31,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <mutex>
 
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -99,15 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4 * kCWG);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(bars, kStages, 4 * kCWG);
   grid_dep_wait();
   grid_dep_launch();
 
@@ -235,15 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool prefill_wgmma_available(int compute_capability) {
-#if defined(QVL_WGMMA_SM90A)
-  return compute_capability == 90 && encode_tiled() != nullptr;
-#else
-  (void)compute_capability;
-  return false;
-#endif
-}
-
 void configure_prefill_wgmma() {
   QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 }
@@ -258,20 +240,12 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
       (ps & (ps - 1)) != 0 || ps < 8 || cache.num_pages > INT32_MAX ||
       reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 || reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
     return false;
-  EncodeTiledFn encode = encode_tiled();
-  if (!encode) return false;
-  static std::once_flag warned;
-  const cuuint32_t elem2[2] = {1, 1}, elem4[4] = {1, 1, 1, 1};
   CUtensorMap qmap, kmap, vmap;
   {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
     const cuuint32_t box[2] = {64, 64};
-    if (!encoded(encode(&qmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem2,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                 warned, "prefill attention"))
-      return false;
+    if (!encode_sw128(&qmap, 2, qkv.data, dims, strides, box, "prefill attention")) return false;
   }
   const CacheGeometry geo = geometry(cache, layer);
   for (int v = 0; v < 2; ++v) {
@@ -281,11 +255,7 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                    static_cast<cuuint64_t>(geo.page_bytes)};
     const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(std::min(ps, kBN)), 1};
     char* base = geo.base + geo.layer_offset + (v ? geo.v_offset : 0);
-    if (!encoded(encode(v ? &vmap : &kmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, elem4,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                 warned, "prefill attention"))
-      return false;
+    if (!encode_sw128(v ? &vmap : &kmap, 4, base, dims, strides, box, "prefill attention")) return false;
   }
   Params prm{};
   prm.out = out.as<bf16>();

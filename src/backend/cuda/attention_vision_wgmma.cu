@@ -99,15 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + kStages;  // [kStages]: every consumer warp is done with a stage
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4 * kCWG);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(bars, kStages, 4 * kCWG);
 
   // This block's segment and query tile (as attention_vision.cu's SegmentPolicy).
   int idx = static_cast<int>(blockIdx.x), q0 = -1, qn = 0, kb = 0, kn = 0;
@@ -191,15 +183,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool vision_wgmma_available(int compute_capability) {
-#if defined(QVL_WGMMA_SM90A)
-  return compute_capability == 90 && encode_tiled() != nullptr;
-#else
-  (void)compute_capability;
-  return false;
-#endif
-}
-
 void configure_vision_wgmma() {
   QVL_CUDA_CHECK(cudaFuncSetAttribute(vision_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
 }
@@ -210,18 +193,11 @@ bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const T
   if (!ctx.vision_wgmma || head_dim != kHD || n <= 0 || n > INT32_MAX || width != 3LL * num_heads * kHD ||
       reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0)
     return false;
-  EncodeTiledFn encode = encode_tiled();
-  if (!encode) return false;
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
   const cuuint32_t box[2] = {kHD, kBN};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, qkv.data, dims, strides, box, elem,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  static std::once_flag warned;
-  if (!encoded(r, warned, "vision attention")) return false;
+  if (!encode_sw128(&map, 2, qkv.data, dims, strides, box, "vision attention")) return false;
   Params prm{out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, num_heads,
              scale * 1.4426950408889634f};
   unsigned tiles = 0;

@@ -48,9 +48,10 @@ Status CudaBackend::init() {
   QVL_CUDA_OK(cudaMemset(argmax_scratch(), 0, kArgmaxScratchBytes + kDecodeSplitBlocks * sizeof(uint32_t)));
   gemm_ = std::make_unique<cuda::GemmRunner>(stream_, gemm_ws_.data(), gemm_ws_.size());
   cuda::configure_vision_attention();
-  ctx_.vision_wgmma = options_.vision_wgmma && cuda::vision_wgmma_available(info_.compute_capability);
+  const bool wgmma = cuda::wgmma_attention_available(info_.compute_capability);
+  ctx_.vision_wgmma = options_.vision_wgmma && wgmma;
   if (ctx_.vision_wgmma) cuda::configure_vision_wgmma();
-  ctx_.prefill_wgmma = options_.prefill_wgmma && cuda::prefill_wgmma_available(info_.compute_capability);
+  ctx_.prefill_wgmma = options_.prefill_wgmma && wgmma;
   if (ctx_.prefill_wgmma) cuda::configure_prefill_wgmma();
   ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
   cuda::configure_skinny(ctx_.ring_smem);

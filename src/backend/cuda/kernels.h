@@ -210,16 +210,15 @@ int configure_text_attention(bool clusters);
 // ---- attention_vision.cu ----
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                              int num_heads, int head_dim, float scale);
-// ---- attention_vision_wgmma.cu (sm_90a) ----
-// Whether the warpgroup-MMA vision kernel is built and usable on a device of this compute
+// ---- wgmma.cu, attention_vision_wgmma.cu (sm_90a) ----
+// Whether the warpgroup-MMA attention kernels are built and usable on a device of this compute
 // capability (sm_90 exactly, and the driver's tensor-map encoder found).
-bool vision_wgmma_available(int compute_capability);
+bool wgmma_attention_available(int compute_capability);
 void configure_vision_wgmma();
 // Launches it for head dim 64 when ctx.vision_wgmma, or returns false (nothing launched).
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                                    int num_heads, int head_dim, float scale);
 // ---- attention_prefill_wgmma.cu (sm_90a) ----
-bool prefill_wgmma_available(int compute_capability);
 void configure_prefill_wgmma();
 // Causal prefill attention at head dim 128 over a BF16 cache with pages of a power of two >= 8
 // tokens when ctx.prefill_wgmma, or returns false (nothing launched).

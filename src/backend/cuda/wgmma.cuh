@@ -1,5 +1,5 @@
 // Shared by the warpgroup-MMA attention kernels (attention_*_wgmma.cu, built for sm_90a only):
-// warpgroup MMA, TMA and descriptor helpers, and the driver's tensor-map encoder.
+// warpgroup MMA, TMA, descriptor and pipeline helpers, and the tensor-map encoder (wgmma.cu).
 //
 // Conventions the kernels share:
 // - Tiles are BF16 rows of 128 bytes in the 128-byte swizzle (what TMA writes with
@@ -13,11 +13,8 @@
 #include <cuda.h>
 
 #include <cmath>
-#include <mutex>
-#include <string>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "core/log.h"
 
 namespace qvl::cuda::wgmma {
 
@@ -156,6 +153,21 @@ struct RowSoftmax {
   }
 };
 
+// The block's mbarriers, bars[0]: Q has landed; bars[1 + s]: stage s (K and V) has landed;
+// bars[1 + stages + s]: all `consumer_warps` are done with stage s. Thread 0 initialises them;
+// the whole block meets before anyone uses them.
+__device__ __forceinline__ void init_ring(uint64_t* bars, int stages, int consumer_warps) {
+  if (threadIdx.x == 0) {
+    mbar_init(&bars[0], 1);
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&bars[1 + s], 1);
+      mbar_init(&bars[1 + stages + s], consumer_warps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // A consumer warp is done with a stage: one arrival per warp on its empty barrier.
 __device__ __forceinline__ void release_stage(uint64_t* empty) {
   __syncwarp();
@@ -236,35 +248,12 @@ __device__ __forceinline__ void store_o_row(bf16* out, const float (&o)[32], int
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// cuTensorMapEncodeTiled, looked up once through cudaGetDriverEntryPoint (qvl starts without
-// libcuda); null where the driver lacks it.
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-inline EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<EncodeTiledFn>(f);
-    else
-      cudaGetLastError();
-  });
-  return fn;
-}
-
-// Whether cuTensorMapEncodeTiled succeeded (r); if not, says once per `flag` that `what` falls
-// back to its mma.sync kernel (the maps are built per launch from the tensors' addresses).
-inline bool encoded(CUresult r, std::once_flag& flag, const char* what) {
-  if (r == CUDA_SUCCESS) return true;
-  std::call_once(flag, [&] {
-    log_warn(std::string(what) + ": cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(r)) +
-             "); using the mma.sync kernel");
-  });
-  return false;
-}
+// Host side (wgmma.cu, built with the kernels): a BF16 tensor map in the 128-byte swizzle of
+// `rank` dimensions (dims and box innermost first, strides in bytes for dims 1..rank-1), made by
+// cuTensorMapEncodeTiled (looked up once through cudaGetDriverEntryPoint: qvl starts without
+// libcuda). False if it cannot be made: the caller falls back to its mma.sync kernel, and the
+// first failure of the process is logged, naming `what`.
+bool encode_sw128(CUtensorMap* map, int rank, void* base, const cuuint64_t* dims, const cuuint64_t* strides,
+                  const cuuint32_t* box, const char* what);
 
 }  // namespace qvl::cuda::wgmma
