@@ -86,6 +86,7 @@ struct BenchOptions {
   bool profile = false;
   std::string skinny;  // "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]]"
   bool fused_decode = false;
+  int skinny_bf16_max_rows = -1;         // A/B: BF16 Linears of at most this many rows take the skinny kernels
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -155,6 +156,7 @@ Status run_bench(const BenchOptions& o) {
     }
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
+    if (o.skinny_bf16_max_rows >= 0) opts.skinny_bf16_max_rows = o.skinny_bf16_max_rows;
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
@@ -614,6 +616,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-graphs", o->no_graphs, "Decode without CUDA graphs (eager launches)");
   app.add_flag("--no-cublas-gelu", o->no_cublas_gelu,
                "CUDA A/B: GELU (tanh) Linears as a pass after cuBLASLt instead of its GELU epilogue");
+  app.add_option("--skinny-bf16-max-rows", o->skinny_bf16_max_rows,
+                 "CUDA A/B: BF16 Linears of at most this many rows take the skinny kernels, more take cuBLASLt (8)")
+      ->check(CLI::Range(0, 32));
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
   app.add_flag("--no-token-prepare", o->no_token_prepare,

@@ -271,8 +271,24 @@ TEST(GpuOps, LinearBf16) {
       {64, 4096, {4096}, false, true, Activation::kGeluErf, 0},  // merger fc1 shape
       {5, 36, {24}, false, true, none, 1},                       // K % 8 != 0: cuBLASLt
       {300, 36, {50}, false, false, Activation::kGeluTanh, 0},
+      {9, 2048, {2048}, false, true, none, 2},  // 9 rows: cuBLASLt by default
+      {16, 2048, {1024, 1024}, false, false, none, 0},
   };
   for (const Case& c : cases) run_case(c);
+  // BF16 over kSkinnyBf16MaxRows rows takes cuBLASLt by default; the skinny kernels still take
+  // up to kSkinnyMaxRows where asked (CudaBackendOptions::skinny_bf16_max_rows): checked too.
+  CudaBackendOptions o;
+  o.skinny_bf16_max_rows = kSkinnyMaxRows;
+  auto skinny = make_cuda_backend(o);
+  ASSERT_TRUE(skinny.is_ok()) << skinny.status().to_string();
+  int forced = 0;
+  for (const Case& c : cases) {
+    if (c.n <= kSkinnyBf16MaxRows || c.n > kSkinnyMaxRows || c.K % 8 != 0) continue;
+    SCOPED_TRACE("skinny up to 32 rows: " + describe(c));
+    run_case(c, **skinny);
+    ++forced;
+  }
+  EXPECT_EQ(forced, 4);  // 9, 16, 17 and 32 rows
 }
 
 // GELU (tanh) over many rows as a pass after the rounded cuBLASLt output (CudaBackendOptions::

@@ -38,6 +38,7 @@ Status CudaBackend::init() {
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
   ctx_.skinny = options_.skinny;
+  skinny_bf16_rows_ = std::clamp(options_.skinny_bf16_max_rows, 0, kSkinnyMaxRows);
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
   if (const size_t bytes = cuda_fp8_act_workspace_bytes(options_, info_.compute_capability); bytes > 0) {
     QVL_ASSIGN_OR_RETURN(fp8_act_ws_, allocate(bytes, "FP8 activation workspace"));

@@ -4,9 +4,10 @@
 // their 128x128 block scales in device memory.
 //
 // Linear dispatch (what callers can rely on for numerics and memory):
-// - rows <= kSkinnyMaxRows: tensor-core "skinny" kernels that stream the weight once, FP8
-//   converted to BF16 in registers and the block scale applied to each 128-wide K partial in
-//   fp32 (W8A16, no activation quantisation);
+// - FP8 rows <= kSkinnyMaxRows, BF16 rows <= CudaBackendOptions::skinny_bf16_max_rows (8):
+//   tensor-core "skinny" kernels that stream the weight once, FP8 converted to BF16 in registers
+//   and the block scale applied to each 128-wide K partial in fp32 (W8A16, no activation
+//   quantisation);
 // - more rows, BF16: cuBLASLt (fp32 compute), bias fused;
 // - more rows, FP8, CudaFp8Gemm::kW8A8 (opt-in; see below) where cuBLASLt has block-scaled FP8
 //   (sm_90): W8A8 as transformers' native FP8 path: the activations are quantised per row and
@@ -38,6 +39,14 @@
 namespace qvl {
 
 inline constexpr int kSkinnyMaxRows = 32;
+// BF16 Linears over this many rows go to cuBLASLt by default. From 9 rows the skinny kernel
+// carries two or more 8-token tiles per warp without the fused prologues, and cuBLASLt's
+// small-M GEMMs stream the weights faster: decode step on an H100 (bench/RESULTS.md run 18),
+// 2B BF16 at 9 / 12 / 16 / 24 / 32 sequences -3.3 / -7.5 / -8.6 / -10 / -14.8%, 4B BF16 at 9 /
+// 12 / 16 / 24 -7.1 / -12.8 / -14.3 / -19.2%; at 8 sequences the skinny kernel with its fused
+// RMSNorm / SiLU·mul prologues is faster (2B: 2.23 against 2.35 ms). FP8 Linears keep the skinny
+// kernels up to kSkinnyFp8MaxRows: cuBLASLt would need their BF16 copy written and read back.
+inline constexpr int kSkinnyBf16MaxRows = 8;
 inline constexpr int kSkinnyFp8MaxRows = 128;
 
 // How FP8 Linears over more than kSkinnyFp8MaxRows rows multiply (see above).
@@ -93,6 +102,9 @@ struct CudaBackendOptions {
   // Programmatic dependent launch on sm_90+: a kernel may start (and stream its weights)
   // while the previous one finishes.
   bool programmatic_launch = true;
+  // BF16 Linears of at most this many rows (0..kSkinnyMaxRows) take the skinny kernels, more
+  // take cuBLASLt (kSkinnyBf16MaxRows above; kSkinnyMaxRows for A/B and the kernels' tests).
+  int skinny_bf16_max_rows = kSkinnyBf16MaxRows;
   // Vision and text-prefill attention split each query tile's keys over a thread-block cluster
   // on sm_90+ (flash.cuh; same results up to fp32 reassociation). Off: one block per query
   // tile, as on older GPUs (tests compare both; benchmarks can A/B).

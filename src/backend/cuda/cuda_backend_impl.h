@@ -235,6 +235,7 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> weights_;
   std::map<std::string, cudaGraphExec_t> graphs_;
   bool fusion_ = true;
+  int skinny_bf16_rows_ = kSkinnyBf16MaxRows;  // options_.skinny_bf16_max_rows, clamped
   Pending pending_;
   WeightPlacement* placement_ = nullptr;
   cuda::WeightStream weight_stream_;  // created by the first allocate_host

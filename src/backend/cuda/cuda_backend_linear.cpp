@@ -255,7 +255,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   const bool fp8 = w.is_fp8();
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
-  if (skinny_ok && n <= kSkinnyMaxRows) {
+  if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
     cuda::launch_skinny_linear(ctx_, out, x, w, ep);
     return;
   }
