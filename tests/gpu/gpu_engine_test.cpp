@@ -10,11 +10,13 @@
 //   - the five reference cases run together in a busy batch (chunked prefill, preemption,
 //     graphs) all finish, and each follows transformers' float32 greedy tokens up to the first
 //     step whose reference top-1/top-2 margin is under tol::kBf16GreedyMargin (BF16 activations
-//     may legitimately flip a closer call).
+//     may legitimately flip a closer call); so do three copies of each at once (decode steps of
+//     up to 15 rows: cuBLASLt Linears in the decode graphs).
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda/cuda_backend.h"
 #include "engine/factory.h"
 #include "engine/qwen3vl_runner.h"
 #include "gpu/gpu_util.h"
@@ -279,6 +281,38 @@ TEST(GpuEngine, BusyBatchFollowsTheReferenceTokens) {
     ASSERT_EQ(got[i].size(), c.want.size()) << c.name;
     for (size_t s = 0; s < c.want.size() && c.margins[s] >= tol::kBf16GreedyMargin; ++s)
       ASSERT_EQ(got[i][s], c.want[s]) << c.name << " step " << s << " (reference margin " << c.margins[s] << ")";
+  }
+}
+
+// Three copies of each reference case at once: decode steps of up to 15 rows, whose BF16 Linears
+// are cuBLASLt GEMMs (over kSkinnyBf16MaxRows) recorded in the decode graphs. Every copy follows
+// transformers' float32 greedy tokens up to the first close call, as in the busy batch.
+TEST(GpuEngine, AWideBatchFollowsTheReferenceTokens) {
+  QVL_REQUIRE_CUDA();
+  std::string why;
+  Tiny& t = tiny(&why);
+  if (!why.empty()) GTEST_SKIP() << why;
+  constexpr int kCopies = 3;
+  int64_t total = 0;
+  std::vector<GenerationRequest> reqs;
+  for (int copy = 0; copy < kCopies; ++copy)
+    for (const auto& c : t.cases) {
+      total += static_cast<int64_t>(c.request.prompt_ids.size()) + c.request.sampling.max_tokens;
+      reqs.push_back(c.request);
+    }
+  ASSERT_GT(static_cast<int>(reqs.size()), kSkinnyBf16MaxRows);
+  EngineShape wide;
+  wide.max_running = static_cast<int>(reqs.size());
+  wide.step_tokens = 256;
+  wide.pool_pages = total / 4 + 64;  // every sequence fits: no preemption
+  wide.grow_pages = wide.pool_pages;
+  auto got = run_all(*make_cuda_engine(t, wide), reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Case& c = t.cases[i % t.cases.size()];
+    ASSERT_EQ(got[i].size(), c.want.size()) << c.name << " copy " << i / t.cases.size();
+    for (size_t s = 0; s < c.want.size() && c.margins[s] >= tol::kBf16GreedyMargin; ++s)
+      ASSERT_EQ(got[i][s], c.want[s]) << c.name << " copy " << i / t.cases.size() << " step " << s
+                                      << " (reference margin " << c.margins[s] << ")";
   }
 }
 
