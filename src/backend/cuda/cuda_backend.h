@@ -41,11 +41,11 @@ namespace qvl {
 inline constexpr int kSkinnyMaxRows = 32;
 // BF16 Linears over this many rows go to cuBLASLt by default. From 9 rows the skinny kernel
 // carries two or more 8-token tiles per warp without the fused prologues, and cuBLASLt's
-// small-M GEMMs stream the weights faster: decode step on an H100 (bench/RESULTS.md run 18),
-// 2B BF16 at 9 / 12 / 16 / 24 / 32 sequences -3.3 / -7.5 / -8.6 / -10 / -14.8%, 4B BF16 at 9 /
-// 12 / 16 / 24 -7.1 / -12.8 / -14.3 / -19.2%; at 8 sequences the skinny kernel with its fused
-// RMSNorm / SiLU·mul prologues is faster (2B: 2.23 against 2.35 ms). FP8 Linears keep the skinny
-// kernels up to kSkinnyFp8MaxRows: cuBLASLt would need their BF16 copy written and read back.
+// small-M GEMMs stream the weights faster. Decode step on an H100 (bench/RESULTS.md run 18):
+// 2B / 4B / 8B BF16 at 16 sequences -9 / -14 / -10%, at 32 -14 / -25 / -25%, at 9 (2B, 4B)
+// -3 / -7%. At 8 sequences the skinny kernel with its fused RMSNorm / SiLU·mul prologues is
+// faster (2B 2.23 against 2.35 ms, 4B 4.50 against 4.75). FP8 Linears keep the skinny kernels up
+// to kSkinnyFp8MaxRows: cuBLASLt would need their BF16 copy written and read back every step.
 inline constexpr int kSkinnyBf16MaxRows = 8;
 inline constexpr int kSkinnyFp8MaxRows = 128;
 
