@@ -45,10 +45,11 @@ constexpr int kBN = 64;                     // keys per tile
 constexpr int kHalfBytes = 64 * 128;        // one half (64 columns) of 64 rows
 constexpr int kTileBytes = 2 * kHalfBytes;  // 64 rows x 128 columns, BF16
 constexpr int kStages = 3;
-constexpr int kCWG = 2;                     // consumer warpgroups of 64 query rows
-constexpr int kBM = 64 * kCWG;              // query rows per block
-constexpr int kThreads = 128 * (kCWG + 1);  // warpgroup 0: producer
-constexpr int kSmemBytes = (kCWG + 2 * kStages) * kTileBytes + 1024 + 256;
+constexpr int kCWG = 2;                            // consumer warpgroups of 64 query rows
+constexpr int kBM = 64 * kCWG;                     // query rows per block
+constexpr int kThreads = 128 * (kCWG + 1);         // warpgroup 0: producer
+using Smem = RingSmem<kCWG, kStages, kTileBytes>;  // Q: [kCWG][2 halves][64 rows][128 B]
+constexpr int kSmemBytes = Smem::kBytes;
 // Registers per thread after setmaxnreg (one block per SM): the producer's 24 pay for the
 // consumers' 160.
 constexpr int kProducerRegs = 24, kConsumerRegs = 160;
@@ -88,14 +89,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap vmap, const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* sq = smem;  // [kCWG][2 halves][64 rows][128 B]
-  auto sk = [&](int s) { return smem + (kCWG + 2 * s) * kTileBytes; };
-  auto sv = [&](int s) { return smem + (kCWG + 2 * s + 1) * kTileBytes; };
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (kCWG + 2 * kStages) * kTileBytes);
-  uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = bars + 1 + kStages;
+  const Smem ring(smem_raw);
+  uint8_t* sq = ring.q();
+  auto sk = [&](int s) { return ring.k(s); };
+  auto sv = [&](int s) { return ring.v(s); };
+  uint64_t* bars = ring.bars();
+  uint64_t* q_full = ring.q_full();
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   init_ring(bars, kStages, 4 * kCWG);

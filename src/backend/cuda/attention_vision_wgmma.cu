@@ -45,7 +45,8 @@ constexpr int kStages = 3;                  // (K, V) stages
 constexpr int kThreads = 128 * (1 + kCWG);  // warpgroup 0: producer
 constexpr int kTileBytes = kBN * kHD * 2;   // 16 KiB: one TMA box, 128 rows of 128 bytes
 constexpr int kQBoxes = (kBM + kBN - 1) / kBN;
-constexpr int kSmemBytes = (kQBoxes + 2 * kStages) * kTileBytes + 1024 + 256;  // Q, K/V stages, alignment, barriers
+using Smem = RingSmem<kQBoxes, kStages, kTileBytes>;
+constexpr int kSmemBytes = Smem::kBytes;  // Q, K/V stages, alignment, barriers
 // Registers per thread after setmaxnreg: 4 x 128 threads at launch get 128 each; the producer
 // gives up 104 of them and the consumers take 32 more (65,536 in all).
 constexpr int kProducerRegs = 24, kConsumerRegs = 160;
@@ -89,14 +90,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     vision_wgmma_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* sq = smem;
-  auto sk = [&](int s) { return smem + (kQBoxes + 2 * s) * kTileBytes; };
-  auto sv = [&](int s) { return smem + (kQBoxes + 1 + 2 * s) * kTileBytes; };
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (kQBoxes + 2 * kStages) * kTileBytes);
-  uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;             // [kStages]: K and V of a tile have landed
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]: every consumer warp is done with a stage
+  const Smem ring(smem_raw);
+  uint8_t* sq = ring.q();
+  auto sk = [&](int s) { return ring.k(s); };
+  auto sv = [&](int s) { return ring.v(s); };
+  uint64_t* bars = ring.bars();
+  uint64_t* q_full = ring.q_full();
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   init_ring(bars, kStages, 4 * kCWG);

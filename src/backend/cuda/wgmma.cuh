@@ -18,6 +18,24 @@
 
 namespace qvl::cuda::wgmma {
 
+// Both kernels' dynamic shared memory: kQTiles tiles of Q, then kStages (K, V) tile pairs, then
+// the mbarriers (init_ring's layout), from the first 1024-aligned byte (the swizzle's atom).
+// kBytes is what a launch asks for: the tiles, the alignment slack and the barriers.
+template <int kQTiles, int kStages, int kTileBytes>
+struct RingSmem {
+  static constexpr int kBytes = (kQTiles + 2 * kStages) * kTileBytes + 1024 + 256;
+  static_assert(static_cast<size_t>(1 + 2 * kStages) * sizeof(uint64_t) <= 256, "the barriers fit");
+  uint8_t* base;
+  __device__ explicit RingSmem(uint8_t* raw) : base(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)) {}
+  __device__ uint8_t* q() const { return base; }
+  __device__ uint8_t* k(int s) const { return base + (kQTiles + 2 * s) * kTileBytes; }
+  __device__ uint8_t* v(int s) const { return base + (kQTiles + 2 * s + 1) * kTileBytes; }
+  __device__ uint64_t* bars() const { return reinterpret_cast<uint64_t*>(base + (kQTiles + 2 * kStages) * kTileBytes); }
+  __device__ uint64_t* q_full() const { return bars(); }               // Q has landed
+  __device__ uint64_t* full() const { return bars() + 1; }             // [kStages]: K and V of a tile have landed
+  __device__ uint64_t* empty() const { return bars() + 1 + kStages; }  // [kStages]: every consumer warp is done
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major).
