@@ -1,5 +1,6 @@
 // CUDA vs CPU Linear: BF16 and FP8 (128x128 block scales) weights, stacked parts merged at
-// load, every dispatch path (skinny kernel for <= 32 rows, skinny passes for FP8 <= 128 rows,
+// load, every dispatch path (skinny kernels for <= 32 rows, the wide FP8 variant where sm_90
+// clusters exist, skinny passes for FP8 <= 128 rows,
 // cuBLASLt BF16, FP8 dequantised in chunks + cuBLASLt, FP8 W8A8 block-scaled cuBLASLt on sm_90
 // and its activation quantisation, checked against a host W8A8 reference), every epilogue (bias,
 // GELU tanh/erf, residual, residual aliasing the output), and shapes with N not a multiple of 16,
@@ -317,6 +318,8 @@ TEST(GpuOps, LinearFp8) {
       {128, 512, {640}, true, true, none, 0},
       {129, 2048, {2048, 512, 512}, true, false, none, 0},  // dequant + cuBLASLt
       {300, 1024, {4100}, true, true, none, 1},             // dequant + cuBLASLt, N off the 128 grid
+      {16, 2048, {6144, 6144}, true, false, none, 0},       // 2B gate|up at 16 rows: wide on sm_90
+      {32, 4096, {2560}, true, false, none, 2},             // 4B o_proj at 32 rows: wide, split over a cluster
   };
   for (const Case& c : cases) run_case(c);
 }
@@ -440,6 +443,38 @@ TEST(GpuOps, LinearSkinnyRing) {
       EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
                                       << " outputs differ between the default kernels and the ring";
     }
+  }
+}
+
+// The wide FP8 kernel (SkinnyTuning::variant 4, sm_90+ thread-block clusters; the default for
+// FP8 Linears over 8 rows there), forced at the default split and at 1, 2, 4 and 8 splits per
+// 128-row tile, on 1..32 rows: against the CPU oracle. K = 640 (5 chunks: splits past them are
+// empty), 1008 (a short last chunk), 6144 and 9728 (48 and 76 chunks: the 4-stage ring wraps,
+// uneven splits); N = 300 and 200 + 184 end in partial tiles, the latter with per-row scales;
+// bias, GELU, residual separate and in place.
+TEST(GpuOps, LinearSkinnyWide) {
+  QVL_REQUIRE_CUDA();
+  if (cuda_device_info(0).value().compute_capability < 90) GTEST_SKIP() << "the wide kernel needs clusters (sm_90+)";
+  const auto none = Activation::kNone;
+  const std::vector<Case> cases = {
+      {32, 2048, {2048, 512, 512}, true, false, none, 0},       // 2B q|k|v at 32 rows
+      {9, 6144, {2048}, true, false, none, 2},                  // 2B down, residual in place
+      {17, 9728, {256}, true, false, none, 1},                  // 76 chunks
+      {24, 1008, {300}, true, true, Activation::kGeluTanh, 0},  // short last chunk, partial tile
+      {32, 640, {200, 184}, true, true, none, 2},               // per-row scales, 5 chunks
+      {16, 2560, {4096}, true, false, none, 0},
+      {1, 2048, {1024}, true, false, none, 1},  // one row, forced
+      {5, 2560, {300}, true, true, none, 0},
+      {8, 2048, {2048}, true, false, none, 2},
+  };
+  for (int split : {0, 1, 2, 4, 8}) {
+    CudaBackendOptions o;
+    o.skinny.variant = 4;
+    o.skinny.split = split;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+    SCOPED_TRACE("wide kernel, split " + std::to_string(split));
+    for (const Case& c : cases) run_case(c, **be);
   }
 }
 

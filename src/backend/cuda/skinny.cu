@@ -167,6 +167,17 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   // its override gives way to the defaults.
   if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.scale_row_shift != kChunkShift)))
     t = SkinnyTuning{.stage = t.stage};
+  // FP8 on devices with clusters: the wide kernel (skinny_wide.cu) where it measured faster than
+  // the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
+  // bench/RESULTS.md run 19): tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
+  // rows, one block per tile; from 25 rows (four token tiles, where the one-tile kernel holds one
+  // block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
+  // blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
+  if (t.variant == 0 && fp8 && ctx.clusters && pro == SkinnyPrologue::kNone) {
+    const bool tall = ceil_div(p.N, 128) * 2 >= ctx.num_sms;
+    if ((tall && p.n >= 16) || (p.n > 24 && p.K > 2048 && ceil_div(p.N, kRows) > ctx.num_sms)) t.variant = 4;
+  }
+  if (t.variant == 4) return t;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0 && !fp8 && p.n <= 8 && ctx.ring_smem > 0) {
     // BF16 up to 8 rows: the bulk-copy ring for whole 16-row tiles of at most 64 KB, at least
@@ -233,6 +244,7 @@ using namespace skinny;  // this file's own helpers
 
 void configure_skinny(int ring_smem) {
   configure_ring(ring_smem);
+  configure_wide();
   allow_staged_silu<false, 1>();
   allow_staged_silu<true, 1>();
   allow_staged_silu<true, 2>();
@@ -305,7 +317,9 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
-  if (tune.variant == 3) {
+  if (tune.variant == 4) {
+    launch_wide(ctx, p, wide_splits(ctx, p, tune.split));
+  } else if (tune.variant == 3) {
     const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
     fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);
   } else if (tune.variant == 1) {

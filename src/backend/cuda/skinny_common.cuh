@@ -426,4 +426,11 @@ bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8,
 template <bool kFp8>
 void launch_ring(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, const RingTuning& rt);
 
+// The wide kernel (skinny_wide.cu, sm_90+: clusters): FP8 weights, no prologue, 128 weight rows
+// per block, K split over a cluster of `splits` blocks (1, 2, 4 or 8). configure_wide() lets its
+// kernels take their shared memory; wide_splits() is the default split for p (forced > 0: that).
+void configure_wide();
+int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced);
+void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits);
+
 }  // namespace qvl::cuda::skinny
