@@ -56,6 +56,9 @@ Status CudaBackend::init() {
   if (ctx_.prefill_wgmma) cuda::configure_prefill_wgmma();
   ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
   cuda::configure_skinny(ctx_.ring_smem);
+  // The wide FP8 decode Linear (skinny_wide.cu) was measured on sm_90 only (H100): elsewhere the
+  // one-tile kernel stays the default, and the wide one runs only where a benchmark forces it.
+  ctx_.wide_fp8 = ctx_.clusters && info_.compute_capability / 10 == 9;
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

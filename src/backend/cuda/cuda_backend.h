@@ -7,8 +7,8 @@
 // - FP8 rows <= kSkinnyMaxRows, BF16 rows <= CudaBackendOptions::skinny_bf16_max_rows (8):
 //   tensor-core "skinny" kernels that stream the weight once, FP8 converted to BF16 in registers
 //   and the block scale applied to each 128-wide K partial in fp32 (W8A16, no activation
-//   quantisation); FP8 over 8 rows on devices with thread-block clusters (sm_90+) takes the wide
-//   variant (skinny_wide.cu: 128 weight rows per block, K split over a cluster), the same math;
+//   quantisation); on sm_90, FP8 Linears of 16 or more rows take a wide variant where it measured
+//   faster (skinny_wide.cu: 128 weight rows per block, K split over a cluster), the same math;
 // - more rows, BF16: cuBLASLt (fp32 compute), bias fused;
 // - more rows, FP8, CudaFp8Gemm::kW8A8 (opt-in; see below) where cuBLASLt has block-scaled FP8
 //   (sm_90): W8A8 as transformers' native FP8 path: the activations are quantised per row and
@@ -66,8 +66,8 @@ enum class CudaFp8Gemm : uint8_t {
 // tile's K); 3 = the bulk-copy ring, sm_90+, at most 8 rows, FP8 with 128-row scale blocks
 // (depth = stages, split = 1 whole tiles / 2 row segments of 8 * group chunks, blocks per
 // multiprocessor; skinny_common.cuh RingTuning); 4 = the wide kernel, FP8 on sm_90+ (split =
-// blocks of a cluster sharing one 128-row tile's K: 1, 2, 4 or 8; the default for FP8 over 8 rows
-// where clusters exist).
+// blocks of a cluster sharing one 128-row tile's K: 1, 2, 4 or 8; a default on sm_90 for the FP8
+// shapes skinny.cu's choose_skinny names).
 struct SkinnyTuning {
   int variant = 0;
   int depth = 0;
@@ -111,7 +111,7 @@ struct CudaBackendOptions {
   // Vision and text-prefill attention split each query tile's keys over a thread-block cluster
   // on sm_90+ (flash.cuh; same results up to fp32 reassociation). Off: one block per query
   // tile, as on older GPUs (tests compare both; benchmarks can A/B). Off also leaves FP8 Linears
-  // over 8 rows to the one-tile kernel (the wide kernel's splits are clusters).
+  // to the one-tile kernel (the wide kernel's splits are clusters).
   bool cluster_attention = true;
   // text_qkv_prepare for head dims 64 / 128 with 16-byte accesses, 4 tokens per block (cos/sin
   // once per token). Off: the one-block-per-8-heads kernel every head dim can use. Both write

@@ -79,7 +79,8 @@ struct LaunchContext {
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
-  int ring_smem = 0;               // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
+  int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
+  bool wide_fp8 = false;  // FP8 decode Linears over 8 rows may take the wide kernel by default (sm_90, measured)
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
 };

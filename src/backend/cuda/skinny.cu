@@ -167,13 +167,16 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   // its override gives way to the defaults.
   if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.scale_row_shift != kChunkShift)))
     t = SkinnyTuning{.stage = t.stage};
-  // FP8 on devices with clusters: the wide kernel (skinny_wide.cu) where it measured faster than
+  // The wide kernel takes FP8 Linears without a prologue where it can launch (skinny_wide.cu).
+  if (t.variant == 4 && (!fp8 || !wide_available(ctx) || pro != SkinnyPrologue::kNone))
+    t = SkinnyTuning{.stage = t.stage};
+  // FP8 on sm_90: the wide kernel where it measured faster than
   // the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
   // bench/RESULTS.md run 19): tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
   // rows, one block per tile; from 25 rows (four token tiles, where the one-tile kernel holds one
   // block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
   // blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
-  if (t.variant == 0 && fp8 && ctx.clusters && pro == SkinnyPrologue::kNone) {
+  if (t.variant == 0 && fp8 && ctx.wide_fp8 && wide_available(ctx) && pro == SkinnyPrologue::kNone) {
     const bool tall = ceil_div(p.N, 128) * 2 >= ctx.num_sms;
     if ((tall && p.n >= 16) || (p.n > 24 && p.K > 2048 && ceil_div(p.N, kRows) > ctx.num_sms)) t.variant = 4;
   }
@@ -244,7 +247,7 @@ using namespace skinny;  // this file's own helpers
 
 void configure_skinny(int ring_smem) {
   configure_ring(ring_smem);
-  configure_wide();
+  configure_wide(ring_smem);
   allow_staged_silu<false, 1>();
   allow_staged_silu<true, 1>();
   allow_staged_silu<true, 2>();

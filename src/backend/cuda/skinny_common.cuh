@@ -427,9 +427,12 @@ template <bool kFp8>
 void launch_ring(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, const RingTuning& rt);
 
 // The wide kernel (skinny_wide.cu, sm_90+: clusters): FP8 weights, no prologue, 128 weight rows
-// per block, K split over a cluster of `splits` blocks (1, 2, 4 or 8). configure_wide() lets its
-// kernels take their shared memory; wide_splits() is the default split for p (forced > 0: that).
-void configure_wide();
+// per block, K split over a cluster of `splits` blocks (1, 2, 4 or 8). configure_wide(ring_smem)
+// lets its kernels take their shared memory where ring_smem (LaunchContext) allows it, and
+// wide_available() says whether ctx can launch it; wide_splits() is the default split for p
+// (forced > 0: that).
+void configure_wide(int ring_smem);
+bool wide_available(const LaunchContext& ctx);
 int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced);
 void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits);
 

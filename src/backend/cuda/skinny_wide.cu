@@ -50,12 +50,6 @@ struct WideLayout {
 __device__ __forceinline__ uint4 lds128(const char* base, uint32_t offset) {
   return *reinterpret_cast<const uint4*>(base + offset);
 }
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
 // Byte offset of 16-byte piece pc of weight row r (128 bytes) / of x row j (256 bytes) in a stage.
 __device__ __forceinline__ uint32_t w_piece(int r, int pc) {
   return static_cast<uint32_t>(r * kChunk + ((pc ^ ((r & 1) << 2)) << 4));
@@ -71,7 +65,6 @@ __global__ void __launch_bounds__(kWideThreads, 2) wide_fp8_kernel(const SkinnyP
   if constexpr (kDeviceHasClusters) {
     using L = WideLayout<NT>;
     extern __shared__ __align__(128) char wide_smem[];
-    const uint32_t sbase = smem_u32(wide_smem);
     const int tid = static_cast<int>(threadIdx.x);
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int tile = static_cast<int>(blockIdx.x) / splits, split = static_cast<int>(blockIdx.x) % splits;
@@ -111,24 +104,24 @@ __global__ void __launch_bounds__(kWideThreads, 2) wide_fp8_kernel(const SkinnyP
 
     // Chunk i of this split: weights and scales (never written by a kernel: before the wait) ...
     auto issue_w = [&](int i) {
-      const uint32_t st = sbase + (i % kWideStages) * L::kStage;
+      char* st = wide_smem + (i % kWideStages) * L::kStage;
       const int c = c0 + i, k0 = c * kChunk;
 #pragma unroll
       for (int m = 0; m < kWPieces; ++m) {
         const bool ok = k0 + wk[m] < p.K;  // only a short last chunk has pieces past K
-        cp_async16_zfill(st + wdst[m], ok ? wsrc[m] + k0 : wsrc[m], ok);
+        cp_async16(st + wdst[m], ok ? wsrc[m] + k0 : wsrc[m], ok);
       }
       if (copies_scale) cp_async4(st + L::kW + L::kX + tid * 4, ssrc + c);
     };
     // ... and its x columns (after the wait).
     auto issue_x = [&](int i) {
-      const uint32_t st = sbase + (i % kWideStages) * L::kStage;
+      char* st = wide_smem + (i % kWideStages) * L::kStage;
       const int k0 = (c0 + i) * kChunk;
 #pragma unroll
       for (int m = 0; m < kXPieces; ++m) {
         if (xsrc[m] == nullptr) continue;
         const bool ok = k0 + xk[m] < p.K;
-        cp_async16_zfill(st + xdst[m], ok ? xsrc[m] + k0 : xsrc[m], ok);
+        cp_async16(st + xdst[m], ok ? xsrc[m] + k0 : xsrc[m], ok);
       }
     };
 
@@ -244,7 +237,8 @@ void launch_wide_nt(const LaunchContext& ctx, const SkinnyParams& p, int splits,
 
 }  // namespace
 
-void configure_wide() {
+void configure_wide(int ring_smem) {
+  if (ring_smem < WideLayout<4>::kBytes) return;
   QVL_CUDA_CHECK(
       cudaFuncSetAttribute(wide_fp8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<1>::kBytes));
   QVL_CUDA_CHECK(
@@ -253,6 +247,10 @@ void configure_wide() {
       cudaFuncSetAttribute(wide_fp8_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<3>::kBytes));
   QVL_CUDA_CHECK(
       cudaFuncSetAttribute(wide_fp8_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<4>::kBytes));
+}
+
+bool wide_available(const LaunchContext& ctx) {
+  return ctx.clusters && ctx.ring_smem >= WideLayout<4>::kBytes;
 }
 
 int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced) {
@@ -269,7 +267,8 @@ int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced) {
 }
 
 void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits) {
-  QVL_CHECK(ctx.clusters) << "skinny_wide needs thread-block clusters";
+  QVL_CHECK(wide_available(ctx)) << "skinny_wide needs thread-block clusters and " << WideLayout<4>::kBytes
+                                 << " bytes of shared memory per block";
   QVL_CHECK(splits >= 1 && splits <= kMaxSplits && (splits & (splits - 1)) == 0) << "skinny_wide splits " << splits;
   QVL_CHECK(p.n >= 1 && p.n <= kSkinnyMaxRows && p.K % 16 == 0) << "skinny_wide " << p.n << " x " << p.K;
   const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
