@@ -177,8 +177,9 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   // block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
   // blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
   if (t.variant == 0 && fp8 && ctx.wide_fp8 && wide_available(ctx) && pro == SkinnyPrologue::kNone) {
-    const bool tall = ceil_div(p.N, 128) * 2 >= ctx.num_sms;
-    if ((tall && p.n >= 16) || (p.n > 24 && p.K > 2048 && ceil_div(p.N, kRows) > ctx.num_sms)) t.variant = 4;
+    const int64_t tiles128 = ceil_div(p.N, 128), one_tile_blocks = ceil_div(p.N, kRows);
+    const bool tall = tiles128 * 2 >= ctx.num_sms;
+    if ((tall && p.n >= 16) || (p.n > 24 && p.K > 2048 && one_tile_blocks > ctx.num_sms)) t.variant = 4;
   }
   if (t.variant == 4) return t;
   const int64_t tiles = ceil_div(p.N, kRows);
