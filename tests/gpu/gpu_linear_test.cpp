@@ -320,6 +320,8 @@ TEST(GpuOps, LinearFp8) {
       {300, 1024, {4100}, true, true, none, 1},             // dequant + cuBLASLt, N off the 128 grid
       {16, 2048, {6144, 6144}, true, false, none, 0},       // 2B gate|up at 16 rows: wide on sm_90
       {32, 4096, {2560}, true, false, none, 2},             // 4B o_proj at 32 rows: wide, split over a cluster
+      {64, 2048, {6144, 6144}, true, false, none, 0},       // one wide pass of 64 rows
+      {100, 4096, {2560}, true, true, none, 2},             // wide passes of 64 and 36 rows
   };
   for (const Case& c : cases) run_case(c);
 }
@@ -448,7 +450,7 @@ TEST(GpuOps, LinearSkinnyRing) {
 
 // The wide FP8 kernel (SkinnyTuning::variant 4, sm_90+ thread-block clusters; the default for
 // FP8 Linears over 8 rows there), forced at the default split and at 1, 2, 4 and 8 splits per
-// 128-row tile, on 1..32 rows: against the CPU oracle. K = 640 (5 chunks: splits past them are
+// 128-row tile, on 1..64 rows: against the CPU oracle. K = 640 (5 chunks: splits past them are
 // empty), 1008 (a short last chunk), 6144 and 9728 (48 and 76 chunks: the 4-stage ring wraps,
 // uneven splits); N = 300 and 200 + 184 end in partial tiles, the latter with per-row scales;
 // bias, GELU, residual separate and in place.
@@ -466,6 +468,9 @@ TEST(GpuOps, LinearSkinnyWide) {
       {1, 2048, {1024}, true, false, none, 1},  // one row, forced
       {5, 2560, {300}, true, true, none, 0},
       {8, 2048, {2048}, true, false, none, 2},
+      {33, 2048, {1024}, true, true, none, 1},  // 33..64 rows: 5..8 token tiles in one launch
+      {48, 6144, {300}, true, false, Activation::kGeluTanh, 0},
+      {64, 2560, {200, 184}, true, false, none, 2},
   };
   for (int split : {0, 1, 2, 4, 8}) {
     CudaBackendOptions o;

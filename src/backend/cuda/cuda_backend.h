@@ -17,7 +17,7 @@
 //   residual fused); other shapes, architectures and kDequant (the default): chunks of output rows are
 //   dequantised to BF16 exactly as transformers' FineGrainedFP8Config(dequantize=True) does
 //   (bf16(float(w8) * scale)) into the dequant workspace and multiplied by cuBLASLt (W8A16);
-// - FP8 rows up to kSkinnyFp8MaxRows use the skinny kernels in passes of kSkinnyMaxRows instead
+// - FP8 rows up to kSkinnyFp8MaxRows use the skinny kernels in passes of kSkinnyWideMaxRows instead
 //   (re-reading 1 byte per weight per pass beats writing and re-reading 2 bytes of BF16).
 // Every workspace is allocated once, when the backend is made (the FP8 dequant workspace: with
 // the first FP8 Linear loaded), so nothing is allocated while generating;
@@ -40,6 +40,9 @@
 namespace qvl {
 
 inline constexpr int kSkinnyMaxRows = 32;
+// FP8 Linears take the skinny kernels in passes of this many rows: one launch of the wide kernel
+// where it takes the shape (skinny_wide.cu, sm_90), else passes of kSkinnyMaxRows.
+inline constexpr int kSkinnyWideMaxRows = 64;
 // BF16 Linears over this many rows go to cuBLASLt by default. From 9 rows the skinny kernel
 // carries two or more 8-token tiles per warp without the fused prologues, and cuBLASLt's
 // small-M GEMMs stream the weights faster. Decode step on an H100 (bench/RESULTS.md run 18):

@@ -260,8 +260,8 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
     return;
   }
   if (skinny_ok && fp8 && n <= kSkinnyFp8MaxRows) {
-    for (int64_t r = 0; r < n; r += kSkinnyMaxRows) {
-      const int64_t e = std::min(n, r + kSkinnyMaxRows);
+    for (int64_t r = 0; r < n; r += kSkinnyWideMaxRows) {
+      const int64_t e = std::min(n, r + kSkinnyWideMaxRows);
       Epilogue part{ep.act, ep.residual.empty() ? Tensor() : ep.residual.rows(r, e)};
       cuda::launch_skinny_linear(ctx_, out.rows(r, e), x.rows(r, e), w, part);
     }

@@ -150,6 +150,20 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
   return prologue_bytes(p);
 }
 
+// FP8 on sm_90: the wide kernel where it measured faster than
+// the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
+// bench/RESULTS.md run 19): tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
+// rows, one block per tile; from 25 rows (four token tiles, where the one-tile kernel holds one
+// block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
+// blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
+// From 33 rows (one wide launch in place of 32-row passes) the same shapes.
+bool wide_by_default(const LaunchContext& ctx, int64_t n, int64_t N, int64_t K, bool fp8) {
+  if (!fp8 || !ctx.wide_fp8 || !wide_available(ctx, n)) return false;
+  const int64_t tiles128 = ceil_div(N, 128), one_tile_blocks = ceil_div(N, kRows);
+  const bool tall = tiles128 * 2 >= ctx.num_sms;
+  return (tall && n >= 16) || (n > 24 && K > 2048 && one_tile_blocks > ctx.num_sms);
+}
+
 // The kernel for one shape: ctx.skinny's fields where set (benchmarks), else the defaults from
 // the decode-shape sweep on an H200 (tools/bench/gemv_sweep.cu): the one-tile blocks, which
 // issue their whole share of weights at once and are replaced block after block, beat the
@@ -168,19 +182,11 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.scale_row_shift != kChunkShift)))
     t = SkinnyTuning{.stage = t.stage};
   // The wide kernel takes FP8 Linears without a prologue where it can launch (skinny_wide.cu).
-  if (t.variant == 4 && (!fp8 || !wide_available(ctx) || pro != SkinnyPrologue::kNone))
+  if (t.variant == 4 && (!fp8 || !wide_available(ctx, p.n) || pro != SkinnyPrologue::kNone))
     t = SkinnyTuning{.stage = t.stage};
-  // FP8 on sm_90: the wide kernel where it measured faster than
-  // the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
-  // bench/RESULTS.md run 19): tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
-  // rows, one block per tile; from 25 rows (four token tiles, where the one-tile kernel holds one
-  // block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
-  // blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
-  if (t.variant == 0 && fp8 && ctx.wide_fp8 && wide_available(ctx) && pro == SkinnyPrologue::kNone) {
-    const int64_t tiles128 = ceil_div(p.N, 128), one_tile_blocks = ceil_div(p.N, kRows);
-    const bool tall = tiles128 * 2 >= ctx.num_sms;
-    if ((tall && p.n >= 16) || (p.n > 24 && p.K > 2048 && one_tile_blocks > ctx.num_sms)) t.variant = 4;
-  }
+  if (t.variant == 0 && pro == SkinnyPrologue::kNone && wide_by_default(ctx, p.n, p.N, p.K, fp8)) t.variant = 4;
+  // Over kSkinnyMaxRows rows only the wide kernel runs (launch_skinny_linear checked that it may).
+  if (p.n > kSkinnyMaxRows) t = SkinnyTuning{.variant = 4, .split = t.variant == 4 ? t.split : 0};
   if (t.variant == 4) return t;
   const int64_t tiles = ceil_div(p.N, kRows);
   if (t.variant == 0 && !fp8 && p.n <= 8 && ctx.ring_smem > 0) {
@@ -266,7 +272,27 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   QVL_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16) << x.describe() << " -> " << out.describe();
   QVL_CHECK(fp8 || weight.dtype == DType::kBF16) << "skinny_linear weight " << weight.describe();
   const int64_t n = x.dim(0), K = x.row_numel(), N = out.row_numel();
-  QVL_CHECK_LE(n, kSkinnyMaxRows);
+  QVL_CHECK_LE(n, kSkinnyWideMaxRows);
+  if (n > kSkinnyMaxRows) {
+    // One wide launch where it is forced, or by default where the shape takes it and its grid
+    // fits one wave at the one block per multiprocessor that 5..8 token tiles leave (2B gate_up;
+    // 4B's and 8B's grids of 152..256 blocks measured slower than two passes: 4B FP8 at 64
+    // sequences 9.13 -> 9.56 ms); else passes of kSkinnyMaxRows rows.
+    const bool forced = ctx.skinny.variant == 4 && (ctx.skinny.only_n == 0 || ctx.skinny.only_n == N);
+    const bool wide = pro.kind == SkinnyPrologue::kNone &&
+                      (forced ? fp8 && wide_available(ctx, n)
+                              : wide_by_default(ctx, n, N, K, fp8) &&
+                                    static_cast<int64_t>(ceil_div(N, 128)) * wide_splits(ctx, N, K, 0) <= ctx.num_sms);
+    if (!wide) {
+      QVL_CHECK(pro.kind == SkinnyPrologue::kNone) << "skinny_linear: a prologue over " << n << " rows";
+      for (int64_t r = 0; r < n; r += kSkinnyMaxRows) {
+        const int64_t e = std::min(n, r + kSkinnyMaxRows);
+        const Epilogue part{ep.act, ep.residual.empty() ? Tensor() : ep.residual.rows(r, e)};
+        launch_skinny_linear(ctx, out.rows(r, e), x.rows(r, e), w, part);
+      }
+      return;
+    }
+  }
   QVL_CHECK_EQ(out.dim(0), n);
   QVL_CHECK_EQ(weight.dim(0), N);
   QVL_CHECK_EQ(weight.dim(1), K);
@@ -322,7 +348,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
   if (tune.variant == 4) {
-    launch_wide(ctx, p, wide_splits(ctx, p, tune.split));
+    launch_wide(ctx, p, wide_splits(ctx, p.N, p.K, tune.split));
   } else if (tune.variant == 3) {
     const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
     fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);

@@ -61,7 +61,8 @@ __device__ __forceinline__ uint32_t x_piece(int j, int pc) {
 // Block (tile, split) = blockIdx.x / splits, % splits; the cluster is the tile's `splits` blocks,
 // rank = split. Split s takes chunks [s * per_split, (s + 1) * per_split) of K (possibly none).
 template <int NT>
-__global__ void __launch_bounds__(kWideThreads, 2) wide_fp8_kernel(const SkinnyParams p, int splits, int per_split) {
+__global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
+    wide_fp8_kernel(const SkinnyParams p, int splits, int per_split) {
   if constexpr (kDeviceHasClusters) {
     using L = WideLayout<NT>;
     extern __shared__ __align__(128) char wide_smem[];
@@ -235,27 +236,47 @@ void launch_wide_nt(const LaunchContext& ctx, const SkinnyParams& p, int splits,
                    static_cast<size_t>(WideLayout<NT>::kBytes), p, splits, per_split);
 }
 
+template <int NT>
+void allow_wide_smem() {
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(wide_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<NT>::kBytes));
+}
+// Dynamic shared memory of a launch over n rows.
+constexpr int wide_bytes(int64_t n) {
+  return n <= 8    ? WideLayout<1>::kBytes
+         : n <= 16 ? WideLayout<2>::kBytes
+         : n <= 24 ? WideLayout<3>::kBytes
+         : n <= 32 ? WideLayout<4>::kBytes
+         : n <= 40 ? WideLayout<5>::kBytes
+         : n <= 48 ? WideLayout<6>::kBytes
+         : n <= 56 ? WideLayout<7>::kBytes
+                   : WideLayout<8>::kBytes;
+}
+
 }  // namespace
 
 void configure_wide(int ring_smem) {
   if (ring_smem < WideLayout<4>::kBytes) return;
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(wide_fp8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<1>::kBytes));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(wide_fp8_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<2>::kBytes));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(wide_fp8_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<3>::kBytes));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(wide_fp8_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<4>::kBytes));
+  allow_wide_smem<1>();
+  allow_wide_smem<2>();
+  allow_wide_smem<3>();
+  allow_wide_smem<4>();
+  if (ring_smem < WideLayout<8>::kBytes) return;
+  allow_wide_smem<5>();
+  allow_wide_smem<6>();
+  allow_wide_smem<7>();
+  allow_wide_smem<8>();
 }
 
-bool wide_available(const LaunchContext& ctx) {
-  return ctx.clusters && ctx.ring_smem >= WideLayout<4>::kBytes;
+// Up to 32 rows wherever 4 token tiles fit (configure_wide's first step), more where 8 do.
+bool wide_available(const LaunchContext& ctx, int64_t n) {
+  return ctx.clusters && n >= 1 && n <= kSkinnyWideMaxRows &&
+         ctx.ring_smem >= wide_bytes(std::max<int64_t>(n, kSkinnyMaxRows));
 }
 
-int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced) {
-  const int64_t tiles = ceil_div(p.N, kWideRows);
-  const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
+int wide_splits(const LaunchContext& ctx, int64_t N, int64_t K, int forced) {
+  const int64_t tiles = ceil_div(N, kWideRows);
+  const int nchunks = static_cast<int>(ceil_div(K, kChunk));
   if (forced > 0) return std::min(forced, kMaxSplits);
   // Tall Linears: one block per 128-row tile (at least two per multiprocessor already; two splits
   // measured slower: 2B gate_up at 32 rows 20.0 against 23.3 us). Else the fewest splits (a power
@@ -267,10 +288,10 @@ int wide_splits(const LaunchContext& ctx, const SkinnyParams& p, int forced) {
 }
 
 void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits) {
-  QVL_CHECK(wide_available(ctx)) << "skinny_wide needs thread-block clusters and " << WideLayout<4>::kBytes
-                                 << " bytes of shared memory per block";
+  QVL_CHECK(wide_available(ctx, p.n)) << "skinny_wide: " << p.n << " rows need thread-block clusters and "
+                                      << wide_bytes(p.n) << " bytes of shared memory per block";
   QVL_CHECK(splits >= 1 && splits <= kMaxSplits && (splits & (splits - 1)) == 0) << "skinny_wide splits " << splits;
-  QVL_CHECK(p.n >= 1 && p.n <= kSkinnyMaxRows && p.K % 16 == 0) << "skinny_wide " << p.n << " x " << p.K;
+  QVL_CHECK(p.K % 16 == 0) << "skinny_wide: K " << p.K;
   const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
   const int per_split = (nchunks + splits - 1) / splits;
   switch ((p.n + 7) / 8) {
@@ -280,8 +301,16 @@ void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits) {
       return launch_wide_nt<2>(ctx, p, splits, per_split);
     case 3:
       return launch_wide_nt<3>(ctx, p, splits, per_split);
-    default:
+    case 4:
       return launch_wide_nt<4>(ctx, p, splits, per_split);
+    case 5:
+      return launch_wide_nt<5>(ctx, p, splits, per_split);
+    case 6:
+      return launch_wide_nt<6>(ctx, p, splits, per_split);
+    case 7:
+      return launch_wide_nt<7>(ctx, p, splits, per_split);
+    default:
+      return launch_wide_nt<8>(ctx, p, splits, per_split);
   }
 }
 
