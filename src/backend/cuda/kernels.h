@@ -80,7 +80,7 @@ struct LaunchContext {
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
   int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
-  bool wide_fp8 = false;  // FP8 decode Linears over 8 rows may take the wide kernel by default (sm_90, measured)
+  bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
 };

@@ -150,13 +150,13 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
   return prologue_bytes(p);
 }
 
-// FP8 on sm_90: the wide kernel where it measured faster than
-// the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
-// bench/RESULTS.md run 19): tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
+// Whether an FP8 Linear of n rows takes the wide kernel by default: on sm_90, where it measured
+// faster than the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
+// bench/RESULTS.md run 19). Tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
 // rows, one block per tile; from 25 rows (four token tiles, where the one-tile kernel holds one
 // block per multiprocessor) also Linears over K > 2048 that need more than a wave of one-tile
 // blocks (4B / 8B qkv, o_proj, down_proj). 2B's smaller Linears and fewer rows stay one-tile.
-// From 33 rows (one wide launch in place of 32-row passes) the same shapes.
+// Over 32 rows launch_skinny_linear also asks for a grid of one wave.
 bool wide_by_default(const LaunchContext& ctx, int64_t n, int64_t N, int64_t K, bool fp8) {
   if (!fp8 || !ctx.wide_fp8 || !wide_available(ctx, n)) return false;
   const int64_t tiles128 = ceil_div(N, 128), one_tile_blocks = ceil_div(N, kRows);

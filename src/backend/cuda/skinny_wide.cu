@@ -1,7 +1,8 @@
-// The decode Linear's wide kernel for FP8 weights and several rows (batched decode: 9..32
-// tokens; skinny_common.cuh for the shared numerics), sm_90+ (thread-block clusters).
+// The decode Linear's wide kernel for FP8 weights and several rows (batched decode and short
+// prompts: up to kSkinnyWideMaxRows tokens; skinny_common.cuh for the shared numerics), sm_90+
+// (thread-block clusters). Where skinny.cu chooses it: wide_by_default there.
 //
-// Why a third layout. The one-tile kernel gives each block 16 weight rows and all of K: at 32
+// Why another layout. The one-tile kernel gives each block 16 weight rows and all of K: at 32
 // rows its 8 warps carry 4 token tiles each (154 registers, one block per multiprocessor), every
 // block reads the whole of x from L1 / L2 for 32 KB of weights, and blocks run one after another
 // with nothing in flight between them. ncu, 2B FP8 at 32 rows (H100): 0.5-0.9 TB/s, 2 warps per
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
     const char* wbase = static_cast<const char*>(p.w);
 
     // This thread's copies, the same for every chunk but for the chunk's columns: four 16-byte
-    // pieces of weight rows (row q / 8, piece q % 8) and up to two of x (token q / 16, piece q % 16).
+    // pieces of weight rows (row q / 8, piece q % 8) and up to four of x (token q / 16, piece q % 16).
     constexpr int kWPieces = kWideRows * 8 / kWideThreads;
     const char* wsrc[kWPieces];
     uint32_t wdst[kWPieces];
