@@ -90,16 +90,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem ring(smem_raw);
-  uint8_t* sq = ring.q();
-  auto sk = [&](int s) { return ring.k(s); };
-  auto sv = [&](int s) { return ring.v(s); };
-  uint64_t* bars = ring.bars();
-  uint64_t* q_full = ring.q_full();
-  uint64_t* full = ring.full();
-  uint64_t* empty = ring.empty();
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  init_ring(bars, kStages, 4 * kCWG);
+  init_ring(ring.bars(), kStages, 4 * kCWG);
   grid_dep_wait();
   grid_dep_launch();
 
@@ -127,16 +120,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(q_full, kCWG * kTileBytes);
+      mbar_expect_tx(ring.q_full(), kCWG * kTileBytes);
       for (int w = 0; w < kCWG; ++w)
         for (int h = 0; h < 2; ++h)
-          tma_load_2d(sq + w * kTileBytes + h * kHalfBytes, &qmap, head * kHD + 64 * h, row0 + 64 * w, q_full);
+          tma_load_2d(ring.q() + w * kTileBytes + h * kHalfBytes, &qmap, head * kHD + 64 * h, row0 + 64 * w,
+                      ring.q_full());
       const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
       const int per_box = min(p.page_size, kBN);  // keys per TMA box
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
-        if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
-        mbar_expect_tx(&full[s], 2 * kTileBytes);
+        if (j >= kStages) mbar_wait(&ring.empty()[s], ((j / kStages) - 1) & 1);
+        mbar_expect_tx(&ring.full()[s], 2 * kTileBytes);
         for (int b = 0; b < kBN / per_box; ++b) {
           // Boxes past the last key re-read the last key's page (their rows are masked, and V's
           // are zeroed before use): the page table has no entries past it.
@@ -144,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int page = __ldg(pt + (min(key, kn - 1) >> p.page_shift)), off = key & (p.page_size - 1);
           for (int h = 0; h < 2; ++h) {
             const int dst = h * kHalfBytes + b * per_box * 128;
-            tma_load_4d(sk(s) + dst, &kmap, 64 * h, kvh, off, page, &full[s]);
-            tma_load_4d(sv(s) + dst, &vmap, 64 * h, kvh, off, page, &full[s]);
+            tma_load_4d(ring.k(s) + dst, &kmap, 64 * h, kvh, off, page, &ring.full()[s]);
+            tma_load_4d(ring.v(s) + dst, &vmap, 64 * h, kvh, off, page, &ring.full()[s]);
           }
         }
       }
@@ -158,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int r_lo = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: r_lo, r_lo + 8
   const float sl = p.scale_log2;
-  const uint32_t q_addr = smem_u32(sq) + wg * kTileBytes;
+  const uint32_t q_addr = smem_u32(ring.q()) + wg * kTileBytes;
 
   float o[2][32], s[32];  // O: output columns 0-63 and 64-127
   uint32_t pk[4][4];
@@ -177,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 32; ++i) o[0][i] = o[1][i] = 0.0f;
 
   auto issue_s = [&](int stage) {
-    const uint32_t k_addr = smem_u32(sk(stage));
+    const uint32_t k_addr = smem_u32(ring.k(stage));
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
@@ -186,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
   auto issue_o = [&](int stage) {
-    const uint32_t v_addr = smem_u32(sv(stage));
+    const uint32_t v_addr = smem_u32(ring.v(stage));
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
@@ -194,13 +188,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
   };
-  mbar_wait(q_full, 0);
-  consumer_loop<kStages>(tiles, full, empty, s, o, pk, issue_s, issue_o, softmax);
+  mbar_wait(ring.q_full(), 0);
+  consumer_loop<kStages>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
   // V rows of the last tile past the last key come from whatever the cache holds there (possibly
   // NaN bits, and 0 · NaN is NaN): zero them (generic stores, made visible to the async proxy)
   // before the last P·V. No warpgroup has issued that P·V yet; all of them meet at the barrier.
   if (const int valid = kn - (tiles - 1) * kBN; valid < kBN) {
-    uint8_t* v_last = sv((tiles - 1) % kStages);
+    uint8_t* v_last = ring.v((tiles - 1) % kStages);
     const int ct = tid - 128;  // consumer thread
     for (int c = ct; c < 2 * (kBN - valid) * 8; c += 128 * kCWG) {
       const int h = c / ((kBN - valid) * 8), rc = c % ((kBN - valid) * 8);
@@ -210,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync 1, %0;\n" ::"n"(128 * kCWG) : "memory");
   }
-  consumer_last<kStages>(tiles, empty, o, pk, issue_o);
+  consumer_last<kStages>(tiles, ring.empty(), o, pk, issue_o);
 
   float inv[2];
   sm.finish(inv);

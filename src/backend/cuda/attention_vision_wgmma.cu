@@ -91,16 +91,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem ring(smem_raw);
-  uint8_t* sq = ring.q();
-  auto sk = [&](int s) { return ring.k(s); };
-  auto sv = [&](int s) { return ring.v(s); };
-  uint64_t* bars = ring.bars();
-  uint64_t* q_full = ring.q_full();
-  uint64_t* full = ring.full();
-  uint64_t* empty = ring.empty();
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  init_ring(bars, kStages, 4 * kCWG);
+  init_ring(ring.bars(), kStages, 4 * kCWG);
 
   // This block's segment and query tile (as attention_vision.cu's SegmentPolicy).
   int idx = static_cast<int>(blockIdx.x), q0 = -1, qn = 0, kb = 0, kn = 0;
@@ -125,14 +118,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {  // producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(q_full, kQBoxes * kTileBytes);
-      for (int b = 0; b < kQBoxes; ++b) tma_load_2d(sq + b * kTileBytes, &map, head * kHD, q0 + b * kBN, q_full);
+      mbar_expect_tx(ring.q_full(), kQBoxes * kTileBytes);
+      for (int b = 0; b < kQBoxes; ++b)
+        tma_load_2d(ring.q() + b * kTileBytes, &map, head * kHD, q0 + b * kBN, ring.q_full());
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
-        if (j >= kStages) mbar_wait(&empty[s], ((j / kStages) - 1) & 1);
-        mbar_expect_tx(&full[s], 2 * kTileBytes);
-        tma_load_2d(sk(s), &map, (p.heads + head) * kHD, kb + j * kBN, &full[s]);
-        tma_load_2d(sv(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &full[s]);
+        if (j >= kStages) mbar_wait(&ring.empty()[s], ((j / kStages) - 1) & 1);
+        mbar_expect_tx(&ring.full()[s], 2 * kTileBytes);
+        tma_load_2d(ring.k(s), &map, (p.heads + head) * kHD, kb + j * kBN, &ring.full()[s]);
+        tma_load_2d(ring.v(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &ring.full()[s]);
       }
     }
     return;
@@ -143,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   const int row0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows: row0, row0 + 8
   const float sl = p.scale_log2;
-  const uint32_t q_addr = smem_u32(sq) + wg * 64 * 128;
+  const uint32_t q_addr = smem_u32(ring.q()) + wg * 64 * 128;
 
   float o[1][32], s[64];
   uint32_t pk[8][4];
@@ -158,20 +152,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 32; ++i) o[0][i] = 0.0f;
 
   auto issue_s = [&](int stage) {
-    const uint32_t k_addr = smem_u32(sk(stage));
+    const uint32_t k_addr = smem_u32(ring.k(stage));
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_s(s, sw128_desc(q_addr + ks * 32), sw128_desc(k_addr + ks * 32), ks);
     wgmma_commit();
   };
   auto issue_o = [&](int stage) {
-    const uint32_t v_addr = smem_u32(sv(stage));
+    const uint32_t v_addr = smem_u32(ring.v(stage));
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
     wgmma_commit();
   };
-  mbar_wait(q_full, 0);
-  consumer_loop<kStages>(tiles, full, empty, s, o, pk, issue_s, issue_o, softmax);
-  consumer_last<kStages>(tiles, empty, o, pk, issue_o);
+  mbar_wait(ring.q_full(), 0);
+  consumer_loop<kStages>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
+  consumer_last<kStages>(tiles, ring.empty(), o, pk, issue_o);
 
   float inv[2];
   sm.finish(inv);
