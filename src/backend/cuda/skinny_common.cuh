@@ -252,6 +252,19 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
   return *reinterpret_cast<const uint32_t*>(&scaled);
 }
 
+// A lane's 16 e4m3 weights of row a and of row b (16 bytes each) as BF16 pairs, in the order the
+// mmas take them: pair 2i / 2i + 1 from word i's low / high bytes.
+__device__ __forceinline__ void widen_fp8_rows(const uint4& a16, const uint4& b16, uint32_t (&wa)[8],
+                                               uint32_t (&wb)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    wa[2 * i] = e4m3x2_to_bf16x2(word(a16, i), kE4m3Lo);
+    wa[2 * i + 1] = e4m3x2_to_bf16x2(word(a16, i), kE4m3Hi);
+    wb[2 * i] = e4m3x2_to_bf16x2(word(b16, i), kE4m3Lo);
+    wb[2 * i + 1] = e4m3x2_to_bf16x2(word(b16, i), kE4m3Hi);
+  }
+}
+
 template <bool kFp8>
 struct Chunk {
   static constexpr int kElems = kFp8 ? 16 : 8;          // elements per 16-byte load
@@ -306,13 +319,7 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
     }
     if (kFp8) {
       uint32_t wa[8], wb[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        wa[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s], i), kE4m3Lo);
-        wa[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s], i), kE4m3Hi);
-        wb[2 * i] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), kE4m3Lo);
-        wb[2 * i + 1] = e4m3x2_to_bf16x2(word(w[2 * s + 1], i), kE4m3Hi);
-      }
+      widen_fp8_rows(w[2 * s], w[2 * s + 1], wa, wb);
       // mma i covers physical columns 4i..4i+3 of the lane's 16.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

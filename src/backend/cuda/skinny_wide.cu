@@ -34,6 +34,16 @@ constexpr int kWideStages = 4;
 constexpr int kMaxSplits = 8;  // the portable cluster size
 static_assert(kWideRows == 1 << kChunkShift, "a block's rows are one 128-row scale block");
 
+constexpr int kMaxTokenTiles = kSkinnyWideMaxRows / 8;
+
+// Dynamic shared memory of a launch with nt 8-token tiles (WideLayout<nt>::kBytes), and over n rows.
+constexpr int wide_bytes_nt(int nt) {
+  return kWideStages * (kWideRows * kChunk + nt * 8 * kChunk * 2 + kWideRows * 4);
+}
+constexpr int wide_bytes(int64_t n) {
+  return wide_bytes_nt(static_cast<int>((n + 7) / 8));
+}
+
 template <int NT>
 struct WideLayout {
   static constexpr int kTokens = NT * 8;
@@ -44,6 +54,7 @@ struct WideLayout {
   static constexpr int kBytes = kWideStages * kStage;  // dynamic shared memory
   static constexpr int kRedPitch = kWideRows + 4;      // floats per token of the partial tile
   static_assert(kTokens * kRedPitch * 4 <= kBytes, "the partial tile fits over the stages");
+  static_assert(kBytes == wide_bytes_nt(NT));
 };
 
 // A 16-byte shared-memory load the compiler may schedule (an ordinary load, not volatile asm: the
@@ -169,13 +180,7 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
       for (int s = 0; s < 2; ++s) {  // 64-column steps: a lane's 16 bytes of rows ra, rb
         const uint4 w0 = lds128(st, wa_off[s]), w1 = lds128(st, wb_off[s]);
         uint32_t wa[8], wb[8];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          wa[2 * h] = e4m3x2_to_bf16x2(word(w0, h), kE4m3Lo);
-          wa[2 * h + 1] = e4m3x2_to_bf16x2(word(w0, h), kE4m3Hi);
-          wb[2 * h] = e4m3x2_to_bf16x2(word(w1, h), kE4m3Lo);
-          wb[2 * h + 1] = e4m3x2_to_bf16x2(word(w1, h), kE4m3Hi);
-        }
+        widen_fp8_rows(w0, w1, wa, wb);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint32_t jo = static_cast<uint32_t>(j * 8 * kChunk * 2);
@@ -237,39 +242,31 @@ void launch_wide_nt(const LaunchContext& ctx, const SkinnyParams& p, int splits,
                    static_cast<size_t>(WideLayout<NT>::kBytes), p, splits, per_split);
 }
 
-template <int NT>
-void allow_wide_smem() {
+// The kernels of NT.. token tiles take their shared memory while it fits ring_smem (it grows with NT).
+template <int NT = 1>
+void allow_wide_smem(int ring_smem) {
+  if (WideLayout<NT>::kBytes > ring_smem) return;
   QVL_CUDA_CHECK(
       cudaFuncSetAttribute(wide_fp8_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, WideLayout<NT>::kBytes));
+  if constexpr (NT < kMaxTokenTiles) allow_wide_smem<NT + 1>(ring_smem);
 }
-// Dynamic shared memory of a launch over n rows.
-constexpr int wide_bytes(int64_t n) {
-  return n <= 8    ? WideLayout<1>::kBytes
-         : n <= 16 ? WideLayout<2>::kBytes
-         : n <= 24 ? WideLayout<3>::kBytes
-         : n <= 32 ? WideLayout<4>::kBytes
-         : n <= 40 ? WideLayout<5>::kBytes
-         : n <= 48 ? WideLayout<6>::kBytes
-         : n <= 56 ? WideLayout<7>::kBytes
-                   : WideLayout<8>::kBytes;
+
+// The launch for p.n rows: the kernel of the fewest token tiles that hold them.
+template <int NT = 1>
+void launch_wide_tiles(const LaunchContext& ctx, const SkinnyParams& p, int splits, int per_split) {
+  if constexpr (NT < kMaxTokenTiles) {
+    if (p.n > NT * 8) return launch_wide_tiles<NT + 1>(ctx, p, splits, per_split);
+  }
+  launch_wide_nt<NT>(ctx, p, splits, per_split);
 }
 
 }  // namespace
 
 void configure_wide(int ring_smem) {
-  if (ring_smem < WideLayout<4>::kBytes) return;
-  allow_wide_smem<1>();
-  allow_wide_smem<2>();
-  allow_wide_smem<3>();
-  allow_wide_smem<4>();
-  if (ring_smem < WideLayout<8>::kBytes) return;
-  allow_wide_smem<5>();
-  allow_wide_smem<6>();
-  allow_wide_smem<7>();
-  allow_wide_smem<8>();
+  if (ring_smem >= WideLayout<4>::kBytes) allow_wide_smem(ring_smem);
 }
 
-// Up to 32 rows wherever 4 token tiles fit (configure_wide's first step), more where 8 do.
+// Up to 32 rows wherever 4 token tiles fit (configure_wide's condition), more where their tiles do.
 bool wide_available(const LaunchContext& ctx, int64_t n) {
   return ctx.clusters && n >= 1 && n <= kSkinnyWideMaxRows &&
          ctx.ring_smem >= wide_bytes(std::max<int64_t>(n, kSkinnyMaxRows));
@@ -295,24 +292,7 @@ void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits) {
   QVL_CHECK(p.K % 16 == 0) << "skinny_wide: K " << p.K;
   const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
   const int per_split = (nchunks + splits - 1) / splits;
-  switch ((p.n + 7) / 8) {
-    case 1:
-      return launch_wide_nt<1>(ctx, p, splits, per_split);
-    case 2:
-      return launch_wide_nt<2>(ctx, p, splits, per_split);
-    case 3:
-      return launch_wide_nt<3>(ctx, p, splits, per_split);
-    case 4:
-      return launch_wide_nt<4>(ctx, p, splits, per_split);
-    case 5:
-      return launch_wide_nt<5>(ctx, p, splits, per_split);
-    case 6:
-      return launch_wide_nt<6>(ctx, p, splits, per_split);
-    case 7:
-      return launch_wide_nt<7>(ctx, p, splits, per_split);
-    default:
-      return launch_wide_nt<8>(ctx, p, splits, per_split);
-  }
+  launch_wide_tiles(ctx, p, splits, per_split);
 }
 
 }  // namespace qvl::cuda::skinny
