@@ -479,7 +479,11 @@ TEST(GpuOps, LinearSkinnyWide) {
     auto be = make_cuda_backend(o);
     ASSERT_TRUE(be.is_ok()) << be.status().to_string();
     SCOPED_TRACE("wide kernel, split " + std::to_string(split));
-    for (const Case& c : cases) run_case(c, **be);
+    for (const Case& c : cases) {
+      const int64_t before = cuda_fp8_gemm_counts(**be).skinny_wide;
+      run_case(c, **be);
+      EXPECT_EQ(cuda_fp8_gemm_counts(**be).skinny_wide - before, 1) << "one launch of the wide kernel: " << describe(c);
+    }
   }
 }
 

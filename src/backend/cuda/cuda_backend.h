@@ -275,10 +275,12 @@ CudaMemoryStats cuda_memory_stats(const Backend& backend);
 void cuda_memory_reset_peak(Backend& backend);
 
 // How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
-// was made (tests and benchmarks check which one did).
+// was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu) had, those
+// recorded into graphs included (tests and benchmarks check which one did).
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
+  int64_t skinny_wide = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -348,6 +348,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
   if (tune.variant == 4) {
+    if (ctx.wide_launches != nullptr) ++*ctx.wide_launches;
     launch_wide(ctx, p, wide_splits(ctx, p.N, p.K, tune.split));
   } else if (tune.variant == 3) {
     const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
