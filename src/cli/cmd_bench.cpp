@@ -87,6 +87,8 @@ struct BenchOptions {
   std::string skinny;  // "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage]]]]]]]"
   bool fused_decode = false;
   int skinny_bf16_max_rows = -1;         // A/B: BF16 Linears of at most this many rows take the skinny kernels
+  int fused_rms_rows = -1;               // A/B: RMSNorm as a Linear prologue up to this many rows
+  int fused_silu_rows = -1;              // A/B: SiLU·mul as a Linear prologue up to this many rows
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -157,6 +159,8 @@ Status run_bench(const BenchOptions& o) {
     opts.fused_decode = o.fused_decode;
     opts.cluster_attention = !o.no_cluster_attention;
     if (o.skinny_bf16_max_rows >= 0) opts.skinny_bf16_max_rows = o.skinny_bf16_max_rows;
+    if (o.fused_rms_rows >= 0) opts.fused_rms_norm_max_rows = o.fused_rms_rows;
+    if (o.fused_silu_rows >= 0) opts.fused_silu_mul_max_rows = o.fused_silu_rows;
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
@@ -620,6 +624,14 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--skinny-bf16-max-rows", o->skinny_bf16_max_rows,
                  "CUDA A/B: BF16 Linears of at most this many rows take the skinny kernels, more take cuBLASLt (8)")
       ->check(CLI::Range(0, 32));
+  app.add_option("--fused-rms-norm-max-rows", o->fused_rms_rows,
+                 "CUDA A/B: RMSNorm runs inside the Linear that reads it up to this many rows, as its own kernel "
+                 "past it (8)")
+      ->check(CLI::Range(0, 8));
+  app.add_option("--fused-silu-mul-max-rows", o->fused_silu_rows,
+                 "CUDA A/B: SiLU·mul runs inside the Linear that reads it up to this many rows, as its own kernel "
+                 "past it (8)")
+      ->check(CLI::Range(0, 8));
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
   app.add_flag("--no-token-prepare", o->no_token_prepare,

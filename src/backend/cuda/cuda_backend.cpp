@@ -37,6 +37,8 @@ Status CudaBackend::init() {
   ctx_.decode_split_blocks = std::clamp(options_.decode_split_blocks, 0, kDecodeSplitBlocks);
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
+  rms_rows_ = std::clamp(options_.fused_rms_norm_max_rows, 0, cuda::kFusedPrologueMaxRows);
+  silu_rows_ = std::clamp(options_.fused_silu_mul_max_rows, 0, cuda::kFusedPrologueMaxRows);
   ctx_.skinny = options_.skinny;
   skinny_bf16_rows_ = std::clamp(options_.skinny_bf16_max_rows, 0, kSkinnyMaxRows);
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
@@ -197,7 +199,7 @@ void CudaBackend::rms_norm(Tensor out, const Tensor& x, const Tensor& weight, fl
   flush();
   // Few rows: defer, so that the Linear reading `out` next can compute it in its prologue.
   if (fusion_ && x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && x.ndim == 2 && out.same_shape(x) &&
-      x.dim(0) <= cuda::kFusedPrologueMaxRows && x.dim(1) % 8 == 0 && x.data != out.data &&
+      x.dim(0) <= rms_rows_ && x.dim(1) % 8 == 0 && x.data != out.data &&
       weight.numel() == x.dim(1) && (weight.dtype == DType::kF32 || weight.dtype == DType::kBF16)) {
     pending_ = {Pending::kRmsNorm, out, x, weight, eps};
     return;
@@ -215,7 +217,7 @@ void CudaBackend::layer_norm(Tensor out, const Tensor& x, const Tensor& weight, 
 void CudaBackend::silu_mul(Tensor out, const Tensor& gate_up) {
   flush();
   if (fusion_ && out.dtype == DType::kBF16 && gate_up.dtype == DType::kBF16 && out.ndim == 2 &&
-      out.dim(0) <= cuda::kFusedPrologueMaxRows && out.dim(1) % 8 == 0 && gate_up.dim(0) == out.dim(0) &&
+      out.dim(0) <= silu_rows_ && out.dim(1) % 8 == 0 && gate_up.dim(0) == out.dim(0) &&
       gate_up.row_numel() == 2 * out.dim(1)) {
     pending_ = {Pending::kSiluMul, out, gate_up, Tensor(), 0.0f};
     return;

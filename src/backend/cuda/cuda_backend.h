@@ -169,10 +169,19 @@ struct CudaBackendOptions {
   // So: 3 for batches, and at batch 1 unless o_proj's weights are over 9.4 MB (2B's 8 and 4 MiB
   // are not, 4B FP8's 10 MiB is: on an H200 too, where 1 measured -2.6% against 3), else 1.
   int decode_attention_trigger = -1;
-  // RMSNorm and SiLU·mul over <= 8 rows are computed inside the Linear that reads them, and a
-  // decode batch's text_qkv_prepare inside the attention kernel (three launches fewer per
-  // layer); results are the same either way up to the fp32 summation order of RMSNorm.
+  // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
+  // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer
+  // per layer); results are the same either way up to the fp32 summation order of RMSNorm.
   bool fuse_prologues = true;
+  // The most rows whose RMSNorm (SiLU·mul) a Linear takes as its prologue (0..8); more rows run
+  // the separate kernel. Every block of the Linear computes the prologue of all its rows again,
+  // which pays at one row (the launch it saves) and stops paying with more. Decode step, H100,
+  // medians of three (bench/RESULTS.md run 20), against 8 and 8: SiLU·mul at one row only, 2B
+  // FP8 batch 2 / 3 -9.4 / -14.2%, 4B FP8 batch 2 -12% (it was fused up to 3 and 2 rows, where
+  // its bytes fit); RMSNorm up to 4 rows, then as its own kernel: 2B FP8 batch 8 -14.3%, 4B FP8
+  // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.8% without it.
+  int fused_rms_norm_max_rows = 4;
+  int fused_silu_mul_max_rows = 1;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
   // cuBLASLt's GELU_BIAS epilogue: GELU of the fp32 result, then one BF16 rounding (the reference
   // rounds the Linear's output first). cuBLASLt's GELU is the tanh form (an fp32 probe,

@@ -235,6 +235,8 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> weights_;
   std::map<std::string, cudaGraphExec_t> graphs_;
   bool fusion_ = true;
+  int rms_rows_ = cuda::kFusedPrologueMaxRows;   // CudaBackendOptions::fused_rms_norm_max_rows
+  int silu_rows_ = cuda::kFusedPrologueMaxRows;  // CudaBackendOptions::fused_silu_mul_max_rows
   int skinny_bf16_rows_ = kSkinnyBf16MaxRows;  // options_.skinny_bf16_max_rows, clamped
   Pending pending_;
   WeightPlacement* placement_ = nullptr;
