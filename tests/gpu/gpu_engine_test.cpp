@@ -63,7 +63,7 @@ bool load_preset(Tiny* t, const std::string& preset, std::shared_ptr<Backend> ba
   }
   const json manifest = read_json(kFixtureDir + "/MANIFEST");
   const json& entry = manifest["presets"][preset];
-  const std::string dir = test::scratch_dir("gpu_engine_" + preset);
+  const std::string dir = test::scratch_dir(std::string("gpu_engine_").append(preset));
   const std::string cmd = test::qvl_binary() + " gen-model --preset " + preset + " --seed " +
                           std::to_string(entry["seed"].get<int64_t>()) + " --out " + dir;
   test::CommandResult gen = test::run_command(cmd);
