@@ -547,7 +547,9 @@ Status run_bench(const BenchOptions& o) {
               {"peak_device_bytes", m.peak_allocated_bytes + m.context_bytes},
               {"device_used_bytes_now", m.device_used_bytes}};
     const CudaFp8GemmCounts f = cuda_fp8_gemm_counts(be);
-    memory["fp8_gemm"] = {{"option", o.fp8_gemm}, {"w8a8_linears", f.w8a8}, {"dequant_linears", f.dequant},
+    memory["fp8_gemm"] = {{"option", o.fp8_gemm},
+                          {"w8a8_linears", f.w8a8},
+                          {"dequant_linears", f.dequant},
                           {"skinny_wide_launches", f.skinny_wide}};
   }
 #endif

@@ -695,58 +695,71 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
   }
 }
 
-// The CUDA backend computes an RMSNorm or SiLU·mul over <= 8 rows inside the Linear that reads
-// it (decode); both the Linear's output and the intermediate it also writes must match.
+// The CUDA backend computes an RMSNorm or SiLU·mul over few rows inside the Linear that reads it
+// (decode: by default RMSNorm up to 4 rows, SiLU·mul at 1; up to 8 where the options ask); both the
+// Linear's output and the intermediate it also writes must match, with the default limits and
+// with both at 8 (every case fused).
 TEST(GpuOps, LinearFusedPrologues) {
   QVL_REQUIRE_CUDA();
-  for (bool fp8 : {false, true}) {
-    for (int64_t n : {1, 5, 8}) {
-      Scratch s;
-      const int64_t K = 2048, N = 1000, I = 1536, D = 512;
-      auto load = [&](int64_t rows, int64_t cols, std::vector<HostPart>& keep) {
-        keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
-        HostPart& h = keep.back();
-        LinearPart lp;
-        if (fp8) {
-          lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {rows, cols});
-          lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
-        } else {
-          lp.weight = Tensor(h.bf16.data(), DType::kBF16, {rows, cols});
-        }
-        return std::make_pair(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
-                              cuda()->load_linear({&lp, 1}, Tensor(), 128).value());
-      };
-      std::vector<HostPart> keep;
-      keep.reserve(2);
-      auto [w1c, w1g] = load(N, K, keep);
-      auto [w2c, w2g] = load(D, I, keep);
-      const std::string shape = std::string(fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
+  CudaBackendOptions all;
+  all.fused_rms_norm_max_rows = all.fused_silu_mul_max_rows = 8;
+  auto fused = make_cuda_backend(all);
+  ASSERT_TRUE(fused.is_ok()) << fused.status().to_string();
+  for (Backend* gpu : {cuda(), fused->get()}) {
+    for (bool fp8 : {false, true}) {
+      for (int64_t n : {1, 3, 5, 8}) {
+        Scratch s;
+        const int64_t K = 2048, N = 1000, I = 1536, D = 512;
+        auto load = [&](int64_t rows, int64_t cols, std::vector<HostPart>& keep) {
+          keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
+          HostPart& h = keep.back();
+          LinearPart lp;
+          if (fp8) {
+            lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {rows, cols});
+            lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
+          } else {
+            lp.weight = Tensor(h.bf16.data(), DType::kBF16, {rows, cols});
+          }
+          return std::make_pair(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
+                                gpu->load_linear({&lp, 1}, Tensor(), 128).value());
+        };
+        std::vector<HostPart> keep;
+        keep.reserve(2);
+        auto [w1c, w1g] = load(N, K, keep);
+        auto [w2c, w2g] = load(D, I, keep);
+        const std::string shape =
+            std::string(gpu == cuda() ? "" : "all fused, ") + (fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
 
-      // rms_norm -> linear (+ separate residual)
-      std::vector<float> nw = random_values(K, 0.2f);
-      for (auto& v : nw) v += 1.0f;
-      Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
-      Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
-      Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
-      Pair res = activation(s, {n, N}, random_values(n * N));
-      Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
-      cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
-      cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
-      cuda()->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
-      cuda()->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
-      EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
-      EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
+        // rms_norm -> linear (+ separate residual)
+        std::vector<float> nw = random_values(K, 0.2f);
+        for (auto& v : nw) v += 1.0f;
+        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
+        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
+        Pair res = activation(s, {n, N}, random_values(n * N));
+        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
+        cuda()->synchronize();  // the uploads above went through cuda()'s stream
+        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+        cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
+        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
+        gpu->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
+        gpu->synchronize();  // read back through cuda()'s stream below
+        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
+        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
 
-      // silu_mul -> linear (+ residual in place)
-      Pair gu = activation(s, {n, 2 * I}, random_values(n * 2 * I, 2.0f));
-      Pair a = activation(s, {n, I}, std::vector<float>(static_cast<size_t>(n * I), -1.0f));
-      Pair xr = activation(s, {n, D}, random_values(n * D));
-      cpu().silu_mul(a.c, gu.c);
-      cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
-      cuda()->silu_mul(a.g, gu.g);
-      cuda()->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
-      EXPECT_TRUE(compare_pair("silu_mul+linear: linear", shape + " I1536 N512 +res", xr, tol::kGpuLinear));
-      EXPECT_TRUE(compare_pair("silu_mul+linear: silu_mul", shape + " I1536", a, tol::kGpuElementwise));
+        // silu_mul -> linear (+ residual in place)
+        Pair gu = activation(s, {n, 2 * I}, random_values(n * 2 * I, 2.0f));
+        Pair a = activation(s, {n, I}, std::vector<float>(static_cast<size_t>(n * I), -1.0f));
+        Pair xr = activation(s, {n, D}, random_values(n * D));
+        cuda()->synchronize();
+        cpu().silu_mul(a.c, gu.c);
+        cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
+        gpu->silu_mul(a.g, gu.g);
+        gpu->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
+        gpu->synchronize();
+        EXPECT_TRUE(compare_pair("silu_mul+linear: linear", shape + " I1536 N512 +res", xr, tol::kGpuLinear));
+        EXPECT_TRUE(compare_pair("silu_mul+linear: silu_mul", shape + " I1536", a, tol::kGpuElementwise));
+      }
     }
   }
 }

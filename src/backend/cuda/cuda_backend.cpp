@@ -199,8 +199,8 @@ void CudaBackend::rms_norm(Tensor out, const Tensor& x, const Tensor& weight, fl
   flush();
   // Few rows: defer, so that the Linear reading `out` next can compute it in its prologue.
   if (fusion_ && x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && x.ndim == 2 && out.same_shape(x) &&
-      x.dim(0) <= rms_rows_ && x.dim(1) % 8 == 0 && x.data != out.data &&
-      weight.numel() == x.dim(1) && (weight.dtype == DType::kF32 || weight.dtype == DType::kBF16)) {
+      x.dim(0) <= rms_rows_ && x.dim(1) % 8 == 0 && x.data != out.data && weight.numel() == x.dim(1) &&
+      (weight.dtype == DType::kF32 || weight.dtype == DType::kBF16)) {
     pending_ = {Pending::kRmsNorm, out, x, weight, eps};
     return;
   }

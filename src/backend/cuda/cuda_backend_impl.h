@@ -237,7 +237,7 @@ class CudaBackend final : public Backend {
   bool fusion_ = true;
   int rms_rows_ = cuda::kFusedPrologueMaxRows;   // CudaBackendOptions::fused_rms_norm_max_rows
   int silu_rows_ = cuda::kFusedPrologueMaxRows;  // CudaBackendOptions::fused_silu_mul_max_rows
-  int skinny_bf16_rows_ = kSkinnyBf16MaxRows;  // options_.skinny_bf16_max_rows, clamped
+  int skinny_bf16_rows_ = kSkinnyBf16MaxRows;    // options_.skinny_bf16_max_rows, clamped
   Pending pending_;
   WeightPlacement* placement_ = nullptr;
   cuda::WeightStream weight_stream_;  // created by the first allocate_host

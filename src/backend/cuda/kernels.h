@@ -82,7 +82,7 @@ struct LaunchContext {
   int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   int64_t* wide_launches = nullptr;  // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
-  OpProfiler* profiler = nullptr;  // non-null while profiling
+  OpProfiler* profiler = nullptr;    // non-null while profiling
   SkinnyTuning skinny;
 };
 
