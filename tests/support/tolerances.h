@@ -33,7 +33,10 @@ struct GpuTol {
 inline constexpr GpuTol kGpuCopy{0.0, 0.0};
 // One or two BF16 roundings per element (the reference's op boundaries: norms, SiLU·mul,
 // RoPE, interpolated position embedding, scatter-accumulate): <= 2 ulps of the largest value.
-inline constexpr GpuTol kGpuElementwise{3e-3, 8e-3};
+// Two roundings are a relative error <= (1 + 2^-9)^2 - 1 = 3.91e-3 per element, which bounds
+// rel_l2 as well; a typical draw is ~1.6e-3, but where a few large products dominate the norm (a
+// SiLU·mul row of 1536 values measured 3.1e-3) it comes close to the bound, so rel_l2 takes it.
+inline constexpr GpuTol kGpuElementwise{4e-3, 8e-3};
 // Linear: fp32 accumulation in another order, BF16 output rounding, plus epilogue roundings
 // (bias, GELU, residual) and, on the FP8 many-row path, weights rounded to BF16 after
 // dequantisation (transformers' dequantize=True) where the CPU keeps float(w8)*scale exact.
