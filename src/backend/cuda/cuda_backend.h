@@ -47,8 +47,9 @@ inline constexpr int kSkinnyWideMaxRows = 64;
 // carries two or more 8-token tiles per warp without the fused prologues, and cuBLASLt's
 // small-M GEMMs stream the weights faster. Decode step on an H100 (bench/RESULTS.md run 18):
 // 2B / 4B / 8B BF16 at 16 sequences -9 / -14 / -10%, at 32 -14 / -25 / -25%, at 9 (2B, 4B)
-// -3 / -7%. At 8 sequences the skinny kernel with its fused RMSNorm / SiLU·mul prologues is
-// faster (2B 2.23 against 2.35 ms, 4B 4.50 against 4.75). FP8 Linears keep the skinny kernels up
+// -3 / -7%. At 8 sequences the skinny kernel is faster (2B 2.23 against 2.35 ms, 4B 4.50 against
+// 4.75 with the fused prologues of then; run 20, 2B, with RMSNorm and SiLU·mul as their own
+// kernels at 8 rows: 2.047 against 2.323). FP8 Linears keep the skinny kernels up
 // to kSkinnyFp8MaxRows: cuBLASLt would need their BF16 copy written and read back every step.
 inline constexpr int kSkinnyBf16MaxRows = 8;
 inline constexpr int kSkinnyFp8MaxRows = 128;

@@ -155,6 +155,8 @@ struct SkinnyPrologue {
   Tensor weight;  // RMSNorm weight [K] (F32 or BF16)
   float eps = 0;
 };
+// The most rows a prologue takes (CudaBackendOptions::fused_rms_norm_max_rows and
+// fused_silu_mul_max_rows choose fewer by default).
 inline constexpr int kFusedPrologueMaxRows = 8;
 // The prologue's x lives in shared memory (n x K BF16, beside the kernel's own 4.6 KiB).
 inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
