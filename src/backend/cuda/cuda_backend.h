@@ -180,7 +180,7 @@ struct CudaBackendOptions {
   // medians of three (bench/RESULTS.md run 20), against 8 and 8: SiLU·mul at one row only, 2B
   // FP8 batch 2 / 3 -9.4 / -14.2%, 4B FP8 batch 2 -12% (it was fused up to 3 and 2 rows, where
   // its bytes fit); RMSNorm up to 4 rows, then as its own kernel: 2B FP8 batch 8 -14.3%, 4B FP8
-  // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.8% without it.
+  // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.9% without it.
   int fused_rms_norm_max_rows = 4;
   int fused_silu_mul_max_rows = 1;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
