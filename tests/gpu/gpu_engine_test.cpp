@@ -333,9 +333,9 @@ TEST(GpuEngine, AWideBatchFollowsTheReferenceTokens) {
 // whose shapes take it), forced for every FP8 Linear it takes, at 2 splits per 128-row tile (the
 // splits of a tile are a cluster summing through distributed shared memory; K = 256 and 384 give
 // them 1 and 1-2 chunks), in the engine on the tiny-fp8 preset: its five reference cases four
-// times over at once, so that decode steps carry up to 20 rows. Steps of at most 8 rows keep
-// the fused RMSNorm / SiLU-mul prologues on the one-tile kernel and give the wide one o_proj;
-// from 9 rows every Linear of the step takes it. Recorded in the decode graphs and eager, every
+// times over at once, so that decode steps carry up to 20 rows. Linears with a fused prologue
+// stay on the one-tile kernel (RMSNorm up to 4 rows, SiLU·mul at 1: CudaBackendOptions), so
+// from 5 rows every Linear of the step takes the wide one. Recorded in the decode graphs and eager, every
 // copy follows transformers' float32 greedy tokens up to the first close call, and the kernel's
 // launches are counted (it did run).
 TEST(GpuEngine, TheWideFp8KernelFollowsTheReferenceTokens) {
