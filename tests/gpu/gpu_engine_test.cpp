@@ -335,9 +335,9 @@ TEST(GpuEngine, AWideBatchFollowsTheReferenceTokens) {
 // them 1 and 1-2 chunks), in the engine on the tiny-fp8 preset: its five reference cases four
 // times over at once, so that decode steps carry up to 20 rows. Linears with a fused prologue
 // stay on the one-tile kernel (RMSNorm up to 4 rows, SiLU·mul at 1: CudaBackendOptions), so
-// from 5 rows every Linear of the step takes the wide one. Recorded in the decode graphs and eager, every
-// copy follows transformers' float32 greedy tokens up to the first close call, and the kernel's
-// launches are counted (it did run).
+// from 5 rows every Linear of the step takes the wide one. Recorded in the decode graphs and
+// eager, every copy follows transformers' float32 greedy tokens up to the first close call, and
+// the kernel's launches are counted (it did run).
 TEST(GpuEngine, TheWideFp8KernelFollowsTheReferenceTokens) {
   QVL_REQUIRE_CUDA();
   if (cuda_device_info(0).value().compute_capability < 90) GTEST_SKIP() << "the wide kernel needs clusters (sm_90+)";
