@@ -159,9 +159,12 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
 // Over 32 rows launch_skinny_linear also asks for a grid of one wave.
 bool wide_by_default(const LaunchContext& ctx, int64_t n, int64_t N, int64_t K, bool fp8) {
   if (!fp8 || !ctx.wide_fp8 || !wide_available(ctx, n)) return false;
-  const int64_t tiles128 = ceil_div(N, 128), one_tile_blocks = ceil_div(N, kRows);
-  const bool tall = tiles128 * 2 >= ctx.num_sms;
-  return (tall && n >= 16) || (n > 24 && K > 2048 && one_tile_blocks > ctx.num_sms);
+  return (wide_tall(ctx, N) && n >= 16) || (n > 24 && K > 2048 && ceil_div(N, kRows) > ctx.num_sms);
+}
+
+// The benchmark override (ctx.skinny) where it applies to a Linear of N outputs, else the defaults.
+SkinnyTuning requested_tuning(const LaunchContext& ctx, int64_t N) {
+  return ctx.skinny.only_n > 0 && ctx.skinny.only_n != N ? SkinnyTuning{} : ctx.skinny;
 }
 
 // The kernel for one shape: ctx.skinny's fields where set (benchmarks), else the defaults from
@@ -174,7 +177,7 @@ bool wide_by_default(const LaunchContext& ctx, int64_t n, int64_t N, int64_t K, 
 // with more rows both cost time (qvl bench A/B on an H100, 2B / 2B FP8 / 4B FP8 decode step:
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
 SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, SkinnyPrologue::Kind pro) {
-  SkinnyTuning t = ctx.skinny.only_n > 0 && ctx.skinny.only_n != p.N ? SkinnyTuning{} : ctx.skinny;
+  SkinnyTuning t = requested_tuning(ctx, p.N);
   if (t.stage == 0) t.stage = 2;
   QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
   // The bulk-copy ring takes at most 8 rows on sm_90+, FP8 with 128-row scale blocks; elsewhere
@@ -278,7 +281,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     // fits one wave at the one block per multiprocessor that 5..8 token tiles leave (2B gate_up;
     // 4B's and 8B's grids of 152..256 blocks measured slower than two passes: 4B FP8 at 64
     // sequences 9.13 -> 9.56 ms); else passes of kSkinnyMaxRows rows.
-    const bool forced = ctx.skinny.variant == 4 && (ctx.skinny.only_n == 0 || ctx.skinny.only_n == N);
+    const bool forced = requested_tuning(ctx, N).variant == 4;
     const bool wide = pro.kind == SkinnyPrologue::kNone &&
                       (forced ? fp8 && wide_available(ctx, n)
                               : wide_by_default(ctx, n, N, K, fp8) &&

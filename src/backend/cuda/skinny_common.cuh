@@ -437,9 +437,11 @@ void launch_ring(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue
 // per block, K split over a cluster of `splits` blocks (1, 2, 4 or 8). configure_wide(ring_smem)
 // lets its kernels take their shared memory where ring_smem (LaunchContext) allows it, and
 // wide_available() says whether ctx can launch it for n rows (at most kSkinnyWideMaxRows);
-// wide_splits() is the default split for an N x K weight (forced > 0: that).
+// wide_splits() is the default split for an N x K weight (forced > 0: that); wide_tall() says
+// whether N output rows already give every multiprocessor two of its 128-row tiles (gate_up).
 void configure_wide(int ring_smem);
 bool wide_available(const LaunchContext& ctx, int64_t n);
+bool wide_tall(const LaunchContext& ctx, int64_t N);
 int wide_splits(const LaunchContext& ctx, int64_t N, int64_t K, int forced);
 void launch_wide(const LaunchContext& ctx, const SkinnyParams& p, int splits);
 

@@ -272,6 +272,10 @@ bool wide_available(const LaunchContext& ctx, int64_t n) {
          ctx.ring_smem >= wide_bytes(std::max<int64_t>(n, kSkinnyMaxRows));
 }
 
+bool wide_tall(const LaunchContext& ctx, int64_t N) {
+  return ceil_div(N, kWideRows) * 2 >= ctx.num_sms;
+}
+
 int wide_splits(const LaunchContext& ctx, int64_t N, int64_t K, int forced) {
   const int64_t tiles = ceil_div(N, kWideRows);
   const int nchunks = static_cast<int>(ceil_div(K, kChunk));
@@ -279,7 +283,7 @@ int wide_splits(const LaunchContext& ctx, int64_t N, int64_t K, int forced) {
   // Tall Linears: one block per 128-row tile (at least two per multiprocessor already; two splits
   // measured slower: 2B gate_up at 32 rows 20.0 against 23.3 us). Else the fewest splits (a power
   // of two, at most 8 and at most the chunks) that give every multiprocessor a block.
-  if (tiles * 2 >= ctx.num_sms) return 1;
+  if (wide_tall(ctx, N)) return 1;
   int s = 1;
   while (s < kMaxSplits && 2 * s <= nchunks && tiles * s < ctx.num_sms) s *= 2;
   return s;
