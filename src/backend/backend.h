@@ -257,6 +257,10 @@ class Backend {
   // Vision: rotate q and k of packed qkv [N, 3·nh·dh] in place with the 2-D rotary table
   // rope [N, 2, dh] (F32: cos then sin); x' = x·cos + rotate_half(x)·sin.
   virtual void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) = 0;
+  // Vision: the rotary table from its per-position factors (core/vision_rope.h
+  // expand_vision_rope, bit for bit): rope F32 [N, 2, 4q] from row_col I32 [N, 2] and
+  // angles F32 [L, 2, q] (cos, sin of p·inv[e] for positions p < L).
+  virtual void vision_rope_table(Tensor rope, const Tensor& row_col, const Tensor& angles);
   // Vision: softmax(q·kᵀ·scale)·v inside each segment (non-causal), from packed qkv.
   // out [N, nh·dh]
   virtual void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
@@ -370,6 +374,10 @@ inline void Backend::top_k_rows(Tensor, const Tensor&) {
 
 inline void Backend::patchify_rgb(Tensor, const Tensor&, int, int, int, int, int) {
   QVL_CHECK(false) << name() << ": patchify_rgb is not implemented";
+}
+
+inline void Backend::vision_rope_table(Tensor, const Tensor&, const Tensor&) {
+  QVL_CHECK(false) << name() << ": vision_rope_table is not implemented";
 }
 
 inline void Backend::convert(Tensor out, const Tensor& x) {

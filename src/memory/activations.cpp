@@ -43,15 +43,17 @@ VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t
   s.hidden = arena_bytes(n * d, act);                             // x [N, D]
   s.rope_table = arena_bytes(n * 2 * v.head_dim(), DType::kF32);  // cos/sin [N, 2, dh]
   s.cu_seqlens = arena_bytes(num_segments + 1, DType::kI32);      // segment bounds
+  // The tables' factors (model/positions.h write_vision_factors), uploaded in place of the rotary
+  // table, which the device expands from them; angle rows for the longest grid side N allows.
+  const int64_t tables = arena_bytes(n * 4, DType::kI32)    // bilinear taps [N, 4]
+                         + arena_bytes(n * 4, DType::kF32)  // tap weights [N, 4]
+                         + arena_bytes(n * 2, DType::kI32)  // row, col [N, 2]
+                         + arena_bytes(v.max_grid_side(n) * 2 * (v.head_dim() / 4), DType::kF32);  // angles [L, 2, q]
   // The input arrives in one of two forms (model.h ImageInput): the larger is planned.
-  const int64_t taps = arena_bytes(n * 4, DType::kI32)                                     // bilinear taps [N, 4]
-                       + arena_bytes(n * 4, DType::kF32);                                  // tap weights [N, 4]
-  s.patch_stage_pixels = arena_bytes(n * v.patch_dim(), DType::kF32)                       // pixels as uploaded
-                         + (act == DType::kF32 ? 0 : arena_bytes(n * v.patch_dim(), act))  // cast
-                         + taps;
-  s.patch_stage_rgb = arena_bytes(n * 3 * v.patch_size * v.patch_size, DType::kU8)  // RGB bytes as uploaded
-                      + arena_bytes(n * v.patch_dim(), act)                         // patchified
-                      + taps;
+  s.patch_stage_pixels = tables + arena_bytes(n * v.patch_dim(), DType::kF32)                // pixels as uploaded
+                         + (act == DType::kF32 ? 0 : arena_bytes(n * v.patch_dim(), act));   // cast
+  s.patch_stage_rgb = tables + arena_bytes(n * 3 * v.patch_size * v.patch_size, DType::kU8)  // RGB bytes as uploaded
+                      + arena_bytes(n * v.patch_dim(), act);                                 // patchified
   s.patch_stage = std::max(s.patch_stage_pixels, s.patch_stage_rgb);
   s.attention_stage = arena_bytes(n * d, act)        // LayerNorm1 out [N, D]
                       + arena_bytes(n * 3 * d, act)  // qkv [N, 3D]
@@ -59,13 +61,12 @@ VisionActivationTerms vision_activation_terms(const ModelConfig& config, int64_t
   s.mlp_stage = arena_bytes(n * d, act)              // LayerNorm2 out [N, D]
                 + arena_bytes(n * f, act);           // fc1 + gelu [N, F]
   if (k > 0)
-    s.deepstack_stage = arena_bytes(t * unit * d, act)            // LayerNorm over 4D [T, 4D]
-                        + arena_bytes(t * unit * d, act);         // fc1 + gelu [T, 4D]
-  s.merger_stage = arena_bytes(n * d, act)                        // LayerNorm per patch [N, D]
-                   + arena_bytes(t * unit * d, act);              // fc1 + gelu [T, 4D]
-  s.upload_staging = arena_bytes(n * v.patch_dim(), DType::kF32)  // pixels (RGB bytes take less)
-                     + s.rope_table + s.cu_seqlens                // as in the arena
-                     + arena_bytes(n * 4, DType::kI32) + arena_bytes(n * 4, DType::kF32);  // taps, weights
+    s.deepstack_stage = arena_bytes(t * unit * d, act)               // LayerNorm over 4D [T, 4D]
+                        + arena_bytes(t * unit * d, act);            // fc1 + gelu [T, 4D]
+  s.merger_stage = arena_bytes(n * d, act)                           // LayerNorm per patch [N, D]
+                   + arena_bytes(t * unit * d, act);                 // fc1 + gelu [T, 4D]
+  s.upload_staging = s.cu_seqlens + tables                           // as in the arena
+                     + arena_bytes(n * v.patch_dim(), DType::kF32);  // pixels (RGB bytes take less)
   return s;
 }
 

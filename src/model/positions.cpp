@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/vision_rope.h"
+
 namespace qvl {
 namespace {
 
@@ -176,38 +178,33 @@ VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid
   return L;
 }
 
-void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
-                         float* interp_weight, float* rope) {
+int64_t vision_angle_rows(std::span<const ImageGrid> grids) {
+  int64_t rows = 0;
+  for (const ImageGrid& g : grids) rows = std::max<int64_t>(rows, std::max(g.h, g.w));
+  return rows;
+}
+
+void write_vision_factors(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
+                          float* interp_weight, int32_t* row_col, float* angles) {
   const int m = vision.spatial_merge_size;
-  const int dh = vision.head_dim();
   const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(vision.num_position_embeddings))));
   QVL_CHECK_EQ(side * side, vision.num_position_embeddings) << "position table is not square";
   const std::vector<float> inv = vision_rope_inv_freq(vision);
   const int q = static_cast<int>(inv.size());
-  QVL_CHECK_EQ(4 * q, dh) << "vision head_dim";
+  QVL_CHECK_EQ(4 * q, vision.head_dim()) << "vision head_dim";
 
-  // The rotary angle of frequency e is row·inv[e] (first q) or col·inv[e] (next q), repeated
-  // over both halves of head_dim: cos/sin depend on (row, e) or (col, e) only, so they are
-  // evaluated once per distinct row and column of a grid ([h, q] and [w, q] tables) and the
-  // [N, 2, dh] table is filled by copying q-float runs.
-  std::vector<float> row_cos, row_sin, col_cos, col_sin;
-  auto angles = [&](int count, std::vector<float>& c, std::vector<float>& s) {
-    c.resize(static_cast<size_t>(count) * q);
-    s.resize(static_cast<size_t>(count) * q);
-    for (int i = 0; i < count; ++i) {
-      for (int e = 0; e < q; ++e) {
-        const float angle = static_cast<float>(i) * inv[e];
-        c[static_cast<size_t>(i) * q + e] = std::cos(angle);
-        s[static_cast<size_t>(i) * q + e] = std::sin(angle);
-      }
+  // The rotary angle of frequency e at position p is p·inv[e], for rows and columns alike.
+  const int64_t positions = vision_angle_rows(grids);
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int e = 0; e < q; ++e) {
+      const float angle = static_cast<float>(p) * inv[e];
+      angles[(p * 2 + 0) * q + e] = std::cos(angle);
+      angles[(p * 2 + 1) * q + e] = std::sin(angle);
     }
-  };
-  const size_t run = static_cast<size_t>(q) * sizeof(float);
+  }
 
   int64_t n = 0;
   for (const ImageGrid& g : grids) {
-    angles(g.h, row_cos, row_sin);
-    angles(g.w, col_cos, col_sin);
     // Bilinear taps of every row and column of this grid.
     std::vector<AxisTaps> row_taps(g.h), col_taps(g.w);
     for (int r = 0; r < g.h; ++r) row_taps[r] = bilinear_axis(r, g.h, side);
@@ -223,18 +220,23 @@ void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> 
             interp_weight[n * 4 + a * 2 + b] = ar.weight[a] * ac.weight[b];
           }
         }
-        // 2-D rotary table: [row·inv | col·inv] twice over head_dim, cos then sin.
-        float* cos_out = rope + (n * 2 + 0) * dh;
-        float* sin_out = rope + (n * 2 + 1) * dh;
-        for (int half = 0; half < 2; ++half) {
-          std::memcpy(cos_out + half * 2 * q, &row_cos[static_cast<size_t>(row) * q], run);
-          std::memcpy(cos_out + half * 2 * q + q, &col_cos[static_cast<size_t>(col) * q], run);
-          std::memcpy(sin_out + half * 2 * q, &row_sin[static_cast<size_t>(row) * q], run);
-          std::memcpy(sin_out + half * 2 * q + q, &col_sin[static_cast<size_t>(col) * q], run);
-        }
+        row_col[n * 2] = row;
+        row_col[n * 2 + 1] = col;
       }
     }
   }
+}
+
+void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
+                         float* interp_weight, float* rope) {
+  int64_t n = 0;
+  for (const ImageGrid& g : grids) n += g.num_patches();
+  const int q = vision.head_dim() / 4;
+  const int64_t positions = vision_angle_rows(grids);
+  std::vector<int32_t> row_col(static_cast<size_t>(n * 2));
+  std::vector<float> angles(static_cast<size_t>(positions * 2 * q));
+  write_vision_factors(vision, grids, interp_index, interp_weight, row_col.data(), angles.data());
+  expand_vision_rope(rope, row_col.data(), angles.data(), n, positions, q);
 }
 
 }  // namespace qvl

@@ -75,8 +75,19 @@ VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid
 // Writes the per-patch tables of `grids` (N patches in all) into caller memory:
 // interp_index [N, 4], interp_weight [N, 4], rope [N, 2, head_dim]. The values are those of
 // the reference formulas in fp32 (cos/sin of row·inv and col·inv, each angle evaluated once per
-// distinct row or column, which gives the same floats as evaluating it per patch).
+// position, which gives the same floats as evaluating it per patch): write_vision_factors, then
+// core/vision_rope.h expand_vision_rope.
 void write_vision_tables(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
                          float* interp_weight, float* rope);
+
+// What the encoder uploads in place of the rotary table (the device expands it:
+// Backend::vision_rope_table): interp_index / interp_weight [N, 4] as above, row_col [N, 2]
+// (each patch's row and column, in merge order) and angles [vision_angle_rows(grids), 2,
+// head_dim / 4]: cos, then sin, of p·inv[e] for every position p < the longest grid side.
+void write_vision_factors(const VisionConfig& vision, std::span<const ImageGrid> grids, int32_t* interp_index,
+                          float* interp_weight, int32_t* row_col, float* angles);
+// The positions write_vision_factors evaluates: the longest side (h or w) of any grid (at most
+// VisionConfig::max_grid_side of their patches).
+int64_t vision_angle_rows(std::span<const ImageGrid> grids);
 
 }  // namespace qvl

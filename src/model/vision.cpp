@@ -33,16 +33,16 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
                               std::to_string(img.grid.t) + ", " + std::to_string(vc.in_channels) + " channels)");
     grids.push_back(img.grid);
   }
-  // Staged: the tables are written straight into the staging buffer further down.
   const bool staged = staging.data != nullptr;
-  const VisionLayout layout = vision_layout(vc, grids, /*tables=*/!staged);
+  const VisionLayout layout = vision_layout(vc, grids, /*tables=*/false);
   const int64_t N = layout.num_patches, M = layout.num_tokens;
   const int64_t D = vc.hidden_size, O = vc.out_hidden_size, P = vc.patch_dim();
   const int dh = vc.head_dim();
   const DType act = backend_.activation_dtype();
   const int64_t num_segments = static_cast<int64_t>(layout.cu_seqlens.size());
   // The host side of every upload below: the staging buffer (its previous uploads finished
-  // reading it once the stream is idle), else the layout's own vectors, copied synchronously.
+  // reading it once the stream is idle), else the caller's pixels and vectors of our own, copied
+  // synchronously.
   if (staged) backend_.synchronize();
   Arena host(staging.data, staging.bytes, Device::kCpu, "vision upload staging");
   auto send = [&](Tensor dst, const void* src) {
@@ -66,12 +66,44 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
   VisionSegments seg{cu_seqlens, layout.cu_seqlens, layout.max_seqlen};
   const size_t stage = arena.used();
 
-  // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches. The
-  // input goes up either as RGB bytes (patchified and normalised on the device, in the tower's
-  // dtype) or as F32 pixel values, cast on the device as the reference casts pixel_values to
-  // the tower's dtype. Staged, uploads go in chunks so that the copy into the staging buffer of
-  // one chunk overlaps the transfer of the one before.
   {
+    // The tables first: the host writes their factors (a few KB) and the device expands the
+    // rotary table while the host copies the pixels. The angle rows are allocated for the most
+    // that N patches can need (the plan's term), and only the used ones travel.
+    const int64_t angle_rows = vision_angle_rows(grids), max_angle_rows = vc.max_grid_side(N);
+    Tensor idx = arena.alloc(DType::kI32, {N, 4});
+    Tensor wts = arena.alloc(DType::kF32, {N, 4});
+    Tensor row_col = arena.alloc(DType::kI32, {N, 2});
+    Tensor angles = arena.alloc(DType::kF32, {max_angle_rows, 2, dh / 4});
+    std::vector<std::vector<uint8_t>> unstaged;  // the tables' host side without a staging buffer
+    auto host_table = [&](const Tensor& like) {  // like's shape and dtype, in host memory
+      Tensor t = like;
+      t.device = Device::kCpu;
+      if (staged) {
+        t.data = host.alloc_bytes(like.nbytes());
+      } else {
+        unstaged.emplace_back(like.nbytes());  // moving the vectors keeps their buffers
+        t.data = unstaged.back().data();
+      }
+      return t;
+    };
+    Tensor h_cu = host_table(cu_seqlens), h_idx = host_table(idx), h_wts = host_table(wts);
+    Tensor h_row_col = host_table(row_col), h_angles = host_table(angles);
+    std::memcpy(h_cu.data, layout.cu_seqlens.data(), static_cast<size_t>(h_cu.nbytes()));
+    write_vision_factors(vc, grids, h_idx.as<int32_t>(), h_wts.as<float>(), h_row_col.as<int32_t>(),
+                         h_angles.as<float>());
+    send(cu_seqlens, h_cu.data);
+    send(idx, h_idx.data);
+    send(wts, h_wts.data);
+    send(row_col, h_row_col.data);
+    send(angles.rows(0, angle_rows), h_angles.data);
+    backend_.vision_rope_table(rope, row_col, angles.rows(0, angle_rows));
+
+    // Patch embedding: the Conv3d with kernel = stride is a Linear over flattened patches. The
+    // input goes up either as RGB bytes (patchified and normalised on the device, in the tower's
+    // dtype) or as F32 pixel values, cast on the device as the reference casts pixel_values to
+    // the tower's dtype. Staged, uploads go in chunks so that the copy into the staging buffer of
+    // one chunk overlaps the transfer of the one before.
     auto upload = [&](Tensor dst, Tensor host_dst, const void* src) {  // dst, host_dst: 1-D, same bytes
       if (!staged) return backend_.copy_to_device(dst, src);
       const int64_t chunk = std::max<int64_t>(1, kStagingChunkBytes / dtype_size(dst.dtype));
@@ -114,27 +146,6 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
       }
     }
     backend_.linear(x, input, w.patch_embed, {});
-
-    // The tables, written while the device embeds the patches.
-    Tensor idx = arena.alloc(DType::kI32, {N, 4});
-    Tensor wts = arena.alloc(DType::kF32, {N, 4});
-    if (staged) {
-      Tensor h_rope = host.alloc(DType::kF32, {N, 2, dh});
-      Tensor h_cu = host.alloc(DType::kI32, {num_segments});
-      Tensor h_idx = host.alloc(DType::kI32, {N, 4});
-      Tensor h_wts = host.alloc(DType::kF32, {N, 4});
-      write_vision_tables(vc, grids, h_idx.as<int32_t>(), h_wts.as<float>(), h_rope.as<float>());
-      std::memcpy(h_cu.data, layout.cu_seqlens.data(), static_cast<size_t>(h_cu.nbytes()));
-      send(rope, h_rope.data);
-      send(cu_seqlens, h_cu.data);
-      send(idx, h_idx.data);
-      send(wts, h_wts.data);
-    } else {
-      send(rope, layout.rope.data());
-      send(cu_seqlens, layout.cu_seqlens.data());
-      send(idx, layout.interp_index.data());
-      send(wts, layout.interp_weight.data());
-    }
     // + learned positions, bilinearly resampled to each image's grid.
     backend_.add_interpolated(x, w.pos_embed, idx, wts);
     arena.reset(stage);

@@ -16,6 +16,7 @@
 #include "model/bind.h"
 #include "model/load.h"
 #include "model/model.h"
+#include "model/positions.h"
 #include "model/presets.h"
 #include "support/test_support.h"
 
@@ -135,6 +136,64 @@ TEST(GpuOps, PatchifyRgbIsTheHostPatchifyBitForBit) {
     }
     EXPECT_EQ(bad, 0);
     EXPECT_EQ(bad16, 0);
+  }
+}
+
+// The device's rotary table (Backend::vision_rope_table from write_vision_factors' row/col and
+// angle rows) is the host's write_vision_tables bit for bit: one image, several with different
+// sides, a temporal grid, Qwen3-VL's head dim 64 and two others (q = 4: head dim 16; q = 18:
+// head dim 72, whose rows are not a multiple of 16 bytes), merge sizes 2 and 1. The angle rows go
+// into a table taller than they need, as the encoder allocates it.
+TEST(GpuOps, VisionRopeTableIsTheHostTableBitForBit) {
+  QVL_REQUIRE_CUDA();
+  Backend& be = *cuda();
+  struct Case {
+    int heads, hidden, merge;
+    std::vector<ImageGrid> grids;
+  };
+  const std::vector<Case> cases = {
+      {16, 1024, 2, {{1, 48, 64}}},
+      {16, 1024, 2, {{1, 2, 2}, {1, 4, 6}, {1, 2, 30}, {1, 64, 48}}},
+      {2, 32, 2, {{2, 4, 4}, {1, 6, 2}}},
+      {3, 216, 1, {{1, 3, 5}, {1, 7, 1}}},
+  };
+  for (const Case& c : cases) {
+    VisionConfig v;
+    v.num_heads = c.heads;
+    v.hidden_size = c.hidden;
+    v.spatial_merge_size = c.merge;
+    const int dh = v.head_dim(), q = dh / 4;
+    int64_t n = 0;
+    for (const ImageGrid& g : c.grids) n += g.num_patches();
+    SCOPED_TRACE(testing::Message() << c.grids.size() << " grids, " << n << " patches, head dim " << dh);
+    std::vector<int32_t> idx(n * 4), row_col(n * 2);
+    std::vector<float> wts(n * 4), want(n * 2 * dh);
+    write_vision_tables(v, c.grids, idx.data(), wts.data(), want.data());
+    const int64_t rows = vision_angle_rows(c.grids), tall = v.max_grid_side(n);
+    ASSERT_LE(rows, tall);
+    std::vector<float> angles(static_cast<size_t>(rows * 2 * q));
+    write_vision_factors(v, c.grids, idx.data(), wts.data(), row_col.data(), angles.data());
+    Scratch s;
+    Tensor rc = s.alloc(be, DType::kI32, {n, 2});
+    Tensor ang = s.alloc(be, DType::kF32, {tall, 2, q});
+    Tensor rope = s.alloc(be, DType::kF32, {n, 2, dh});
+    be.copy_to_device(rc, row_col.data());
+    be.copy_to_device(ang.rows(0, rows), angles.data());
+    be.vision_rope_table(rope, rc, ang.rows(0, rows));
+    std::vector<float> got(want.size());
+    be.copy_to_host(got.data(), rope);
+    int64_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], 4) == 0) continue;
+      if (++bad <= 3) ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want[i];
+    }
+    EXPECT_EQ(bad, 0);
+    // The CPU backend's op is the same expansion.
+    std::vector<float> cpu_rope(want.size());
+    cpu().vision_rope_table(Tensor(cpu_rope.data(), DType::kF32, {n, 2, dh}),
+                            Tensor(row_col.data(), DType::kI32, {n, 2}),
+                            Tensor(angles.data(), DType::kF32, {rows, 2, q}));
+    EXPECT_EQ(std::memcmp(cpu_rope.data(), want.data(), want.size() * 4), 0);
   }
 }
 

@@ -39,10 +39,14 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   EXPECT_EQ(v.hidden, n * d * b);           // 8 MiB
   EXPECT_EQ(v.rope_table, n * 2 * dh * 4);  // f32 cos/sin
   EXPECT_EQ(v.cu_seqlens, 256);             // 2 × i32, one aligned slot
-  // Pixels as uploaded (f32), their bf16 cast, the bilinear taps and weights; or RGB bytes
-  // (16 x 16 x 3 per patch) and the patchified bf16: the larger, the pixels, is planned.
-  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
-  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * b + n * 4 * 4 + n * 4 * 4);
+  // The tables' factors: bilinear taps i32 and weights f32 [N, 4], each patch's row and column
+  // i32 [N, 2], and cos/sin f32 of the 16 rotary frequencies at every position up to the longest
+  // side 4096 patches allow (2 x 2048: N / merge 2 = 2048 rows of 2 x 16).
+  const int64_t tables = n * 4 * 4 + n * 4 * 4 + n * 2 * 4 + (n / 2) * 2 * 16 * 4;
+  // Pixels as uploaded (f32), their bf16 cast and the tables; or RGB bytes (16 x 16 x 3 per
+  // patch), the patchified bf16 and the tables: the larger, the pixels, is planned.
+  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + n * 1536 * b + tables);
+  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * b + tables);
   EXPECT_EQ(v.patch_stage, v.patch_stage_pixels);
   EXPECT_EQ(v.attention_stage, n * d * b + n * 3 * d * b + n * d * b);
   EXPECT_EQ(v.mlp_stage, n * d * b + n * f * b);
@@ -53,8 +57,9 @@ TEST(Activations, VisionOneMegapixelImage4B) {
   EXPECT_EQ(v.scratch(), n * d * b + n * 2 * dh * 4 + 256 + 41943040);
   EXPECT_EQ(v.peak(), 4 * t * o * b + v.scratch());
   EXPECT_EQ(v.peak(), 73400576);  // 70 MiB + 256 B, the sum above evaluated
-  // The host staging: pixels f32, rope f32, cu_seqlens (one slot), taps i32, weights f32.
-  EXPECT_EQ(v.upload_staging, n * 1536 * 4 + n * 2 * dh * 4 + 256 + n * 4 * 4 + n * 4 * 4);
+  // The host staging: cu_seqlens (one slot), the tables, pixels f32 (the rotary table itself is
+  // expanded on the device).
+  EXPECT_EQ(v.upload_staging, 256 + tables + n * 1536 * 4);
 }
 
 TEST(Activations, VisionF32ActivationsUploadWithoutACast) {
@@ -62,8 +67,9 @@ TEST(Activations, VisionF32ActivationsUploadWithoutACast) {
   // RGB bytes are patchified into an f32 buffer of their own: now the RGB form is the larger.
   const int64_t n = 64;
   VisionActivationTerms v = vision_activation_terms(config_4b(), n, DType::kF32);
-  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
-  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * 4 + n * 4 * 4 + n * 4 * 4);
+  const int64_t tables = n * 4 * 4 + n * 4 * 4 + n * 2 * 4 + (n / 2) * 2 * 16 * 4;  // as above, all 256-aligned
+  EXPECT_EQ(v.patch_stage_pixels, n * 1536 * 4 + tables);
+  EXPECT_EQ(v.patch_stage_rgb, n * 768 + n * 1536 * 4 + tables);
   EXPECT_EQ(v.patch_stage, v.patch_stage_rgb);
   EXPECT_EQ(v.upload_staging, vision_activation_terms(config_4b(), n, DType::kBF16).upload_staging);
 }

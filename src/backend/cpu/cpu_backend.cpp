@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/top_k.h"
+#include "core/vision_rope.h"
 #include "image/image.h"
 
 namespace qvl {
@@ -346,6 +347,11 @@ class CpuBackend final : public Backend {
 
   void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) override {
     cpu::vision_rope(threads_, qkv, rope, num_heads, head_dim);
+  }
+  void vision_rope_table(Tensor rope, const Tensor& row_col, const Tensor& angles) override {
+    check_vision_rope_table(rope, row_col, angles);
+    expand_vision_rope(rope.as<float>(), row_col.as<const int32_t>(), angles.as<const float>(), rope.dim(0),
+                       angles.dim(0), static_cast<int>(angles.dim(2)));
   }
   void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
                         float scale) override {

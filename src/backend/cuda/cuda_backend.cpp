@@ -264,6 +264,12 @@ void CudaBackend::vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int
   cuda::launch_vision_rope(ctx_, qkv, rope, num_heads, head_dim);
 }
 
+void CudaBackend::vision_rope_table(Tensor rope, const Tensor& row_col, const Tensor& angles) {
+  flush();
+  if (ctx_.profiler) note("vision_rope_table " + rope.shape_string(), static_cast<double>(rope.nbytes()));
+  cuda::launch_vision_rope_table(ctx_, rope, row_col, angles);
+}
+
 void CudaBackend::vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads,
                                    int head_dim, float scale) {
   flush();

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   void patchify_rgb(Tensor out, const Tensor& rgb, int grid_h, int grid_w, int patch, int merge, int temporal) override;
   void add_interpolated(Tensor x, const Tensor& table, const Tensor& idx, const Tensor& w) override;
   void vision_rope(Tensor qkv, const Tensor& rope, int num_heads, int head_dim) override;
+  void vision_rope_table(Tensor rope, const Tensor& row_col, const Tensor& angles) override;
   void vision_attention(Tensor out, const Tensor& qkv, const VisionSegments& seg, int num_heads, int head_dim,
                         float scale) override;
   void text_qkv_prepare(Tensor qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, const MropeSpec& rope,

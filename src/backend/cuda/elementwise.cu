@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "core/vision_rope.h"
 
 namespace qvl::cuda {
 namespace {
@@ -188,6 +189,24 @@ __global__ void vision_rope_vec_kernel(bf16* qkv, const float* rope, int64_t row
     }
     *reinterpret_cast<uint4*>(base + d) = pack8(o1);
     *reinterpret_cast<uint4*>(base + d + half) = pack8(o2);
+  }
+}
+
+// The rotary table from its per-position factors (core/vision_rope.h expand_vision_rope): one
+// thread per float of rope [n, 2, 4q]; positions outside [0, angle_rows) (never for the tables the
+// host writes) give zeros rather than reads out of bounds.
+__global__ void vision_rope_table_kernel(float* rope, const int32_t* row_col, const float* angles, int64_t n,
+                                         int64_t angle_rows, int q) {
+  grid_dep_wait();
+  grid_dep_launch();
+  const int dh = 4 * q;
+  const int64_t total = n * 2 * dh;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / (2 * dh);
+    const int rem = static_cast<int>(i % (2 * dh));
+    const int s = rem / dh, seg = (rem % dh) / q, e = rem % q;  // cos|sin, [row|col|row|col], frequency
+    const int32_t pos = row_col[r * 2 + (seg & 1)];
+    rope[i] = pos >= 0 && pos < angle_rows ? angles[(static_cast<int64_t>(pos) * 2 + s) * q + e] : 0.0f;
   }
 }
 
@@ -383,6 +402,15 @@ void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope
   const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 2);
   launch(ctx, "vision_rope", vision_rope_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0, qkv.as<bf16>(),
          rope.as<float>(), qkv.dim(0), num_heads, head_dim);
+}
+
+void launch_vision_rope_table(const LaunchContext& ctx, Tensor rope, const Tensor& row_col, const Tensor& angles) {
+  check_vision_rope_table(rope, row_col, angles);
+  const int64_t work = rope.numel();
+  if (work == 0) return;
+  launch(ctx, "vision_rope_table", vision_rope_table_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
+         rope.as<float>(), row_col.as<int32_t>(), angles.as<float>(), rope.dim(0), angles.dim(0),
+         static_cast<int>(angles.dim(2)));
 }
 
 void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const Tensor& residual) {

@@ -110,6 +110,7 @@ void launch_silu_mul(const LaunchContext& ctx, Tensor out, const Tensor& gate_up
 void launch_add_interpolated(const LaunchContext& ctx, Tensor x, const Tensor& table, const Tensor& idx,
                              const Tensor& w);
 void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope, int num_heads, int head_dim);
+void launch_vision_rope_table(const LaunchContext& ctx, Tensor rope, const Tensor& row_col, const Tensor& angles);
 // In place on out [n, N]: out = bf16(act(out)); then, with a residual, out = bf16(residual + out).
 void launch_epilogue(const LaunchContext& ctx, Tensor out, Activation act, const Tensor& residual);
 // out = x in out's dtype (F32 -> BF16 rounding like core/dtype.h float_to_bf16, or BF16 -> F32).
