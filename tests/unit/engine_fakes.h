@@ -227,7 +227,9 @@ class FakeTextStream final : public TokenTextStream {
   explicit FakeTextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {}
   Piece push(int32_t token) override {
     if (token == kFakeEos) return {};
-    pending_ += "<" + std::to_string(token) + ">";
+    pending_ += '<';  // appended piece by piece: "<" + std::string trips GCC 12's -Wrestrict
+    pending_ += std::to_string(token);
+    pending_ += '>';
     for (const auto& s : stop_) {
       if (auto at = pending_.find(s); at != std::string::npos) {
         Piece p{pending_.substr(0, at), true};

@@ -159,7 +159,7 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
 // Over 32 rows launch_skinny_linear also asks for a grid of one wave.
 bool wide_by_default(const LaunchContext& ctx, int64_t n, int64_t N, int64_t K, bool fp8) {
   if (!fp8 || !ctx.wide_fp8 || !wide_available(ctx, n)) return false;
-  return (wide_tall(ctx, N) && n >= 16) || (n > 24 && K > 2048 && ceil_div(N, kRows) > ctx.num_sms);
+  return (wide_tall(ctx, N) && n >= 16) || (n > 24 && K > 2048 && int64_t{ceil_div(N, kRows)} > ctx.num_sms);
 }
 
 // The benchmark override (ctx.skinny) where it applies to a Linear of N outputs, else the defaults.

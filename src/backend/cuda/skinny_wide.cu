@@ -89,28 +89,28 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
     const char* wbase = static_cast<const char*>(p.w);
 
     // This thread's copies, the same for every chunk but for the chunk's columns: four 16-byte
-    // pieces of weight rows (row q / 8, piece q % 8) and up to four of x (token q / 16, piece q % 16).
+    // pieces of weight rows (row q / 8, piece q % 8) and up to four of x (token q / 16, piece q % 16),
+    // q = tid + m · kWideThreads. Since kWideThreads is a multiple of 16, the piece (so the
+    // column offset inside a chunk) is the thread's own for every m: wk and xk.
+    static_assert(kWideThreads % 16 == 0, "a thread copies the same piece of every row");
     constexpr int kWPieces = kWideRows * 8 / kWideThreads;
+    const int wk = (tid & 7) * 16, xk = (tid & 15) * 8;  // column of the piece in the chunk
     const char* wsrc[kWPieces];
     uint32_t wdst[kWPieces];
-    int wk[kWPieces];
 #pragma unroll
     for (int m = 0; m < kWPieces; ++m) {
-      const int q = tid + m * kWideThreads, r = q >> 3, pc = q & 7;
-      wsrc[m] = wbase + static_cast<int64_t>(min(row0 + r, p.N - 1)) * p.K + pc * 16;
-      wdst[m] = w_piece(r, pc);
-      wk[m] = pc * 16;
+      const int r = (tid + m * kWideThreads) >> 3;
+      wsrc[m] = wbase + static_cast<int64_t>(min(row0 + r, p.N - 1)) * p.K + wk;
+      wdst[m] = w_piece(r, tid & 7);
     }
     constexpr int kXPieces = (L::kTokens * 16 + kWideThreads - 1) / kWideThreads;
     const bf16* xsrc[kXPieces];
     uint32_t xdst[kXPieces];
-    int xk[kXPieces];
 #pragma unroll
     for (int m = 0; m < kXPieces; ++m) {
-      const int q = tid + m * kWideThreads, j = q >> 4, pc = q & 15;
-      xsrc[m] = q < p.n * 16 ? p.x + static_cast<int64_t>(j) * p.K + pc * 8 : nullptr;
-      xdst[m] = L::kW + x_piece(j, pc);
-      xk[m] = pc * 8;
+      const int q = tid + m * kWideThreads, j = q >> 4;
+      xsrc[m] = q < p.n * 16 ? p.x + static_cast<int64_t>(j) * p.K + xk : nullptr;
+      xdst[m] = L::kW + x_piece(j, tid & 15);
     }
     const float* ssrc = p.scale + (static_cast<int64_t>(min(row0 + tid, p.N - 1)) >> p.scale_row_shift) * p.scale_cols;
     const bool copies_scale = tid < (row_scales ? kWideRows : 1);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
       const int c = c0 + i, k0 = c * kChunk;
 #pragma unroll
       for (int m = 0; m < kWPieces; ++m) {
-        const bool ok = k0 + wk[m] < p.K;  // only a short last chunk has pieces past K
+        const bool ok = k0 + wk < p.K;  // only a short last chunk has pieces past K
         cp_async16(st + wdst[m], ok ? wsrc[m] + k0 : wsrc[m], ok);
       }
       if (copies_scale) cp_async4(st + L::kW + L::kX + tid * 4, ssrc + c);
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
 #pragma unroll
       for (int m = 0; m < kXPieces; ++m) {
         if (xsrc[m] == nullptr) continue;
-        const bool ok = k0 + xk[m] < p.K;
+        const bool ok = k0 + xk < p.K;
         cp_async16(st + xdst[m], ok ? xsrc[m] + k0 : xsrc[m], ok);
       }
     };
@@ -273,7 +273,7 @@ bool wide_available(const LaunchContext& ctx, int64_t n) {
 }
 
 bool wide_tall(const LaunchContext& ctx, int64_t N) {
-  return ceil_div(N, kWideRows) * 2 >= ctx.num_sms;
+  return int64_t{ceil_div(N, kWideRows)} * 2 >= ctx.num_sms;
 }
 
 int wide_splits(const LaunchContext& ctx, int64_t N, int64_t K, int forced) {
