@@ -131,7 +131,7 @@ TEST(Engine, GreedyTokensMatchTheModelRunDirectly) {
   EXPECT_EQ(o.usage.prompt_tokens, 21);
   EXPECT_EQ(o.usage.completion_tokens, 12);
   std::string text;
-  for (int32_t t : o.ids) text += "<" + std::to_string(t) + ">";
+  for (int32_t t : o.ids) text += '<' + std::to_string(t) + '>';  // chars: "<" + string trips GCC 12's -Wrestrict
   EXPECT_EQ(o.text, text);
   auto steps = b.runner->steps();
   ASSERT_GE(steps.size(), 3u);
