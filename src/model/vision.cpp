@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel_copy.h"
 #include "model/model.h"
 
 namespace qvl {
@@ -110,7 +111,8 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
       for (int64_t r = 0; r < dst.numel(); r += chunk) {
         const int64_t e = std::min(dst.numel(), r + chunk);
         Tensor h = host_dst.rows(r, e);
-        std::memcpy(h.data, static_cast<const char*>(src) + r * dtype_size(dst.dtype), static_cast<size_t>(h.nbytes()));
+        parallel_copy(h.data, static_cast<const char*>(src) + r * dtype_size(dst.dtype),
+                      static_cast<size_t>(h.nbytes()));
         backend_.copy_to_device_async(dst.rows(r, e), h.data);
       }
     };

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/parallel_copy.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -77,6 +79,23 @@ TEST(DType, Fp8E4M3RoundTripsEveryFiniteValue) {
 TEST(DType, F16Conversions) {
   for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(f16_to_float(float_to_f16(f)), f) << f;
+  }
+}
+
+// Every byte lands where memcpy would put it, on one thread and split over several (sizes around
+// the threshold, not a multiple of the thread count, more threads than a copy has bytes per
+// thread), and nothing outside the destination range is written.
+TEST(ParallelCopy, CopiesExactlyTheRange) {
+  const size_t big = kParallelCopyMinBytes;
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4097}, big - 1, big, big + 7, 3 * big + 5}) {
+    for (int threads : {1, 2, 3, 8, 64}) {
+      std::vector<unsigned char> src(bytes), dst(bytes + 2, 0xA5);
+      for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>((i * 131 + bytes) % 251);
+      parallel_copy(dst.data() + 1, src.data(), bytes, threads);
+      EXPECT_EQ(dst.front(), 0xA5) << bytes << " bytes, " << threads << " threads";
+      EXPECT_EQ(dst.back(), 0xA5) << bytes << " bytes, " << threads << " threads";
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data(), bytes), 0) << bytes << " bytes, " << threads << " threads";
+    }
   }
 }
 

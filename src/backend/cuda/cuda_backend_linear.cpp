@@ -4,7 +4,6 @@
 // rows (taking in a deferred RMSNorm / SiLU·mul as their prologue), cuBLASLt above, FP8 by W8A8
 // or by chunks dequantised to BF16.
 #include <cuda_runtime_api.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "core/parallel_copy.h"
 
 namespace qvl::cuda {
 namespace {
@@ -88,20 +88,13 @@ Status CudaBackend::upload(void* dst, const void* src, size_t bytes) {
       QVL_CUDA_OK(cudaEventRecord(staging_.done[i], stream_));
     }
   }
-  const int threads = std::max(1, std::min(8, omp_get_max_threads()));
   for (size_t off = 0; off < bytes; off += kStagingChunk) {
     const size_t n = std::min(kStagingChunk, bytes - off);
     const int i = staging_.next;
     staging_.next ^= 1;
     QVL_CUDA_OK(cudaEventSynchronize(staging_.done[i]));  // its previous DMA is done
     char* buf = static_cast<char*>(staging_.buf[i]);
-    const char* from = static_cast<const char*>(src) + off;
-    const size_t piece = (n + threads - 1) / threads;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; ++t) {
-      const size_t b = std::min(n, static_cast<size_t>(t) * piece), e = std::min(n, b + piece);
-      if (e > b) std::memcpy(buf + b, from + b, e - b);
-    }
+    parallel_copy(buf, static_cast<const char*>(src) + off, n);
     QVL_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(dst) + off, buf, n, cudaMemcpyHostToDevice, stream_));
     QVL_CUDA_OK(cudaEventRecord(staging_.done[i], stream_));
   }
