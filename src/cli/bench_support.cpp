@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "backend/top_k.h"
 #include "core/dtype.h"
@@ -247,6 +248,20 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
     for (int64_t i = r0 * V; i < (r0 + n) * V; ++i)
       rows[static_cast<size_t>(i)] = bf16_to_float(bits[static_cast<size_t>(i)]);
   };
+  // The first sampling failure (non-finite logits, say, where a measurement left kernels out),
+  // rethrown outside the OpenMP regions, which an exception must not leave.
+  std::string failure;
+  auto sample_row = [&](int64_t b, const std::function<int32_t()>& sample) {
+    try {
+      tokens[static_cast<size_t>(b)] = sample();
+    } catch (const std::exception& e) {
+#pragma omp critical(qvl_bench_sampling)
+      if (failure.empty()) failure = "sequence " + std::to_string(b) + ": " + e.what();
+    }
+  };
+  auto check = [&] {
+    if (!failure.empty()) throw std::runtime_error("the sampled decode timing: " + failure);
+  };
   SampledSteps out;
   auto t = Clock::now();
   for (int i = 0; i < steps; ++i) {
@@ -254,7 +269,8 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
     fetch(0, B);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int64_t b = 0; b < B; ++b)
-      tokens[static_cast<size_t>(b)] = samplers[static_cast<size_t>(b)].sample(std::span(rows).subspan(b * V, V));
+      sample_row(b, [&] { return samplers[static_cast<size_t>(b)].sample(std::span(rows).subspan(b * V, V)); });
+    check();
   }
   out.rows_ms = ms_since(t) / steps;
   t = Clock::now();
@@ -271,10 +287,12 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int64_t b = 0; b < B; ++b) {
       Sampler& sm = samplers[static_cast<size_t>(b)];
-      tokens[static_cast<size_t>(b)] = whole[static_cast<size_t>(b)]
-                                           ? sm.sample(std::span(rows).subspan(b * V, V))
-                                           : sm.sample_candidates(std::span(host_keys).subspan(b * K, K));
+      sample_row(b, [&] {
+        return whole[static_cast<size_t>(b)] ? sm.sample(std::span(rows).subspan(b * V, V))
+                                             : sm.sample_candidates(std::span(host_keys).subspan(b * K, K));
+      });
     }
+    check();
   }
   out.keys_ms = ms_since(t) / steps;
   return out;
