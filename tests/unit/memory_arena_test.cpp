@@ -131,6 +131,7 @@ TEST(ArenaMatchesTheForward, VisionEncoder) {
     TinyModel m(preset);
     check_vision(m, {{1, 4, 6}});
     check_vision(m, {{1, 8, 8}, {1, 4, 4}});  // two segments
+    check_vision(m, {{1, 2, 12}});            // merge-size high: as many rotary angle rows as N allows
   }
 }
 
