@@ -30,9 +30,8 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
   }
 }
 
-// acc += the group's partial sums, each chunk times its block scale (FP8), in chunk order; kF16X
-// also times the chunk's x factor 2^-s of each token (prologue_to_f16).
-template <bool kFp8, int G, int NT, int PRO, bool kF16X>
+// acc += the group's partial sums, each chunk times its block scale (FP8), in chunk order.
+template <bool kFp8, int G, int NT, int PRO>
 __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int nchunks, int t, int g,
                                               const Group<kFp8, G>& grp, const PrologueSmem& pro_smem,
                                               float (&acc)[NT][4]) {
@@ -41,23 +40,8 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
     const int ci = c + i * kWarps;
     if (ci >= nchunks) break;
     float part[NT][4];
-    chunk_mma<kFp8, NT, PRO, kF16X>(p, ci, t, g, grp.w[i], pro_smem, part);
-    if constexpr (kF16X) {
-      // C fragment columns: tokens 8j + 2t and 8j + 2t + 1 (rows past n: any factor, never stored).
-      const float* xs = prologue_scales(p);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int tok = j * 8 + 2 * t;
-        const float x0 = tok < p.n ? xs[tok * nchunks + ci] : 1.0f;
-        const float x1 = tok + 1 < p.n ? xs[(tok + 1) * nchunks + ci] : 1.0f;
-        acc[j][0] += part[j][0] * (grp.sa[i] * x0);
-        acc[j][1] += part[j][1] * (grp.sa[i] * x1);
-        acc[j][2] += part[j][2] * (grp.sb[i] * x0);
-        acc[j][3] += part[j][3] * (grp.sb[i] * x1);
-      }
-    } else {
-      accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
-    }
+    chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
+    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
   }
 }
 
@@ -76,8 +60,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
                                                : NT <= 2 && G <= 2 ? 2
                                                                    : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
-  constexpr int kStride = kWarps * G;                           // chunks per round of the 8 warps
-  constexpr bool kF16X = kFp8 && PRO != SkinnyPrologue::kNone;  // f16 mmas (skinny_common.cuh)
+  constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
   __shared__ float red[kWarps][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
 
@@ -104,15 +87,14 @@ __global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO>(p, pro_smem, pw);
-  if constexpr (kF16X) prologue_to_f16(p);
   if (prewait <= 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
-    consume_group<kFp8, G, NT, PRO, kF16X>(p, c, nchunks, t, g, wa, pro_smem, acc);
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wa, pro_smem, acc);
     if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
-    consume_group<kFp8, G, NT, PRO, kF16X>(p, c, nchunks, t, g, wb, pro_smem, acc);
+    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wb, pro_smem, acc);
     if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
@@ -129,9 +111,9 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB>, prologue_bytes(p, kFp8));
+      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB>, prologue_bytes(p));
     else
-      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>, prologue_bytes(p, kFp8));
+      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>, prologue_bytes(p));
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
@@ -263,7 +245,7 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
 
 template <bool kFp8, int G, int MB = 0>
 void allow_staged_silu() {
-  constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes + (kFp8 ? kPrologueMaxScaleBytes : 0));
+  constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
   QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }

@@ -22,17 +22,6 @@
 //
 // The optional prologue (RMSNorm or SiLU·mul of x's producer, deferred by the backend) is
 // computed once per block into shared memory (prologue_x) right after the PDL wait.
-//
-// FP8 weights with a prologue (kF16X, the one-tile kernel) run f16 mmas instead: an e4m3 pair
-// becomes f16 in one conversion (cvt.rn.f16x2.e4m3x2, sm_89+) where BF16 takes four
-// instructions, and x, which the prologue holds in shared memory, is put into f16 under a
-// power-of-two scale per (token, 128-column chunk) that brings the chunk's largest |x| into
-// [2^14, 2^15) (prologue_to_f16). The operands are the same values as in BF16 (e4m3 is a subset
-// of f16; a BF16 value's 8 significant bits fit f16's 11 anywhere above 2^-17 of the scaled range,
-// i.e. above 2^-31 of the chunk's largest value, and below that it loses under 2^-25 of the
-// scaled range), the products are exact in fp32 either way, and 2^-s comes back out with the
-// block scale. So the partial sums are the BF16 path's scaled by powers of two, hence the same
-// fp32 values, except where the BF16 path's own products would leave fp32's normal range.
 #pragma once
 
 #include "backend/cuda/cuda_backend.h"
@@ -276,76 +265,6 @@ __device__ __forceinline__ void widen_fp8_rows(const uint4& a16, const uint4& b1
   }
 }
 
-// Two e4m3 bytes of w (sel as above) -> one f16x2, exact (the low byte in the low half). sm_89+:
-// one cvt. Older: the same bit placement as the BF16 form (sign at bit 15, exponent and mantissa
-// at bits 13..7: e4m3 * 2^-8 as f16, subnormals included), times 2^8.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w, uint32_t sel) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const uint16_t pair = static_cast<uint16_t>(sel == kE4m3Lo ? w & 0xffffu : w >> 16);
-  uint32_t d;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(pair));
-  return d;
-#else
-  uint32_t a;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(a) : "r"(w), "r"(sel));
-  const uint32_t bits = (a << 7) & 0xbf80bf80u;
-  const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&bits), __floats2half2_rn(256.0f, 256.0f));
-  return *reinterpret_cast<const uint32_t*>(&scaled);
-#endif
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// kF16X: where the per-(token, chunk) factors 2^-s live, [n][chunks] floats after x (and after
-// up when SiLU·mul's inputs are staged).
-__device__ __forceinline__ float* prologue_scales(const SkinnyParams& p) {
-  return reinterpret_cast<float*>(prologue_x + (p.silu_staged ? 2 : 1) * p.n * (p.K / 8));
-}
-
-// kF16X, after the prologue: x in prologue_x (BF16) becomes f16 times 2^s in place, s per
-// (token, 128-column chunk) such that the chunk's largest |x| lands in [2^14, 2^15) (clamped to
-// |s| <= 126; a zero chunk takes 2^126), and 2^-s goes to prologue_scales. A chunk's 16 vectors
-// are one half-warp's; every lane runs every round, so the half-warps' shuffles stay converged.
-// NaN stays NaN and infinity infinity (the scale of a chunk holding one is 2^-114).
-__device__ __forceinline__ void prologue_to_f16(const SkinnyParams& p) {
-  const int kv = p.K / 8, chunks = (p.K + kChunk - 1) / kChunk, total = p.n * chunks;
-  const int warp = threadIdx.x >> 5, half = (threadIdx.x >> 4) & 1, l16 = threadIdx.x & 15;
-  float* scales = prologue_scales(p);
-  for (int base = 2 * warp; base < total; base += 2 * kWarps) {
-    const int unit = base + half, tok = unit / chunks, ch = unit % chunks, v = ch * 16 + l16;
-    const bool active = unit < total && v < kv;
-    float f[8] = {};
-    float m = 0.0f;
-    if (active) {
-      unpack8(prologue_x[tok * kv + v], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(f[e]));
-    }
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const int s = min(126, max(-126, 141 - static_cast<int>((__float_as_uint(m) >> 23) & 0xffu)));
-    if (active) {
-      const float up = __uint_as_float(static_cast<uint32_t>(127 + s) << 23);
-      uint32_t h[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half2 v2 = __floats2half2_rn(f[2 * i] * up, f[2 * i + 1] * up);
-        h[i] = *reinterpret_cast<const uint32_t*>(&v2);
-      }
-      prologue_x[tok * kv + v] = make_uint4(h[0], h[1], h[2], h[3]);
-    }
-    if (unit < total && l16 == 0) scales[unit] = __uint_as_float(static_cast<uint32_t>(127 - s) << 23);
-  }
-  __syncthreads();
-}
-
 template <bool kFp8>
 struct Chunk {
   static constexpr int kElems = kFp8 ? 16 : 8;          // elements per 16-byte load
@@ -374,7 +293,7 @@ __device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int r
 
 // part = this lane's C fragments of chunk c (rows g, g+8 of the 16-row tile whose weights the
 // lane holds in w; tokens 8j+2t, 8j+2t+1), before the chunk's block scale.
-template <bool kFp8, int NT, int PRO, bool kF16X = false>
+template <bool kFp8, int NT, int PRO>
 __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, int g,
                                           const uint4 (&w)[2 * Chunk<kFp8>::kSteps], const PrologueSmem& pro_smem,
                                           float (&part)[NT][4]) {
@@ -398,26 +317,7 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
       xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
       if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
     }
-    if constexpr (kFp8 && kF16X) {
-      uint32_t wa[8], wb[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        wa[2 * i] = e4m3x2_to_f16x2(word(w[2 * s], i), kE4m3Lo);
-        wa[2 * i + 1] = e4m3x2_to_f16x2(word(w[2 * s], i), kE4m3Hi);
-        wb[2 * i] = e4m3x2_to_f16x2(word(w[2 * s + 1], i), kE4m3Lo);
-        wb[2 * i + 1] = e4m3x2_to_f16x2(word(w[2 * s + 1], i), kE4m3Hi);
-      }
-      // The BF16 form's order (below), f16 operands; x is f16 times its chunk's 2^s.
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint4& xq = xv[j][i >> 1];
-          mma_f16(part[j], wa[2 * i], wb[2 * i], wa[2 * i + 1], wb[2 * i + 1], word(xq, (i & 1) * 2),
-                  word(xq, (i & 1) * 2 + 1));
-        }
-      }
-    } else if (kFp8) {
+    if (kFp8) {
       uint32_t wa[8], wb[8];
       widen_fp8_rows(w[2 * s], w[2 * s + 1], wa, wb);
       // mma i covers physical columns 4i..4i+3 of the lane's 16.
@@ -506,18 +406,12 @@ __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, flo
 }
 
 // Dynamic shared memory of a prologue launch: x, [n][K] BF16 (and up beside it when staged).
-// kF16X (f16x) adds the per-(token, chunk) scale factors after it.
-inline size_t prologue_bytes(const SkinnyParams& p, bool f16x = false) {
+inline size_t prologue_bytes(const SkinnyParams& p) {
   const size_t bytes = static_cast<size_t>(p.n) * p.K * sizeof(uint16_t);
   QVL_CHECK(p.n <= kFusedPrologueMaxRows && bytes <= kFusedPrologueMaxBytes)
       << "fused prologue over " << p.n << " x " << p.K << " values";
-  const size_t scales = f16x ? static_cast<size_t>(p.n) * ((p.K + kChunk - 1) / kChunk) * sizeof(float) : 0;
-  return (p.silu_staged ? 2 * bytes : bytes) + scales;
+  return p.silu_staged ? 2 * bytes : bytes;
 }
-// The most scale bytes a prologue can add: kFusedPrologueMaxBytes of x in chunks of kChunk values,
-// each row's last chunk possibly partial.
-inline constexpr size_t kPrologueMaxScaleBytes =
-    (kFusedPrologueMaxBytes / sizeof(uint16_t) / kChunk + kFusedPrologueMaxRows) * sizeof(float);
 
 // The persistent streaming kernel's launcher (skinny_stream.cu): depth = chunks in flight per
 // warp (BF16 2 or 3, FP8 4 or 6), split = warps sharing one row tile's K (1, 2, 4 or 8).
