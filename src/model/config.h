@@ -12,19 +12,19 @@
 namespace qvl {
 
 struct TextConfig {
-  int hidden_size = 2048;  // H
+  int hidden_size = 2048;            // H
   int num_hidden_layers = 28;
-  int num_attention_heads = 16;  // Hq
-  int num_key_value_heads = 8;   // Hkv
+  int num_attention_heads = 16;      // Hq
+  int num_key_value_heads = 8;       // Hkv
   int head_dim = 128;
-  int intermediate_size = 6144;  // I
+  int intermediate_size = 6144;      // I
   int vocab_size = 151936;
   double rms_norm_eps = 1e-6;
   double rope_theta = 5000000.0;
   std::array<int, 3> mrope_section{24, 20, 20};  // frequencies per axis (T, H, W)
   bool mrope_interleaved = true;
   int64_t max_position_embeddings = 262144;
-  bool attention_bias = false;  // Qwen3-VL: false; true is rejected at load
+  bool attention_bias = false;       // Qwen3-VL: false; true is rejected at load
   std::string hidden_act = "silu";
 
   int q_dim() const { return num_attention_heads * head_dim; }
@@ -33,10 +33,10 @@ struct TextConfig {
 
 struct VisionConfig {
   int depth = 24;
-  int hidden_size = 1024;        // D
-  int intermediate_size = 4096;  // F
+  int hidden_size = 1024;            // D
+  int intermediate_size = 4096;      // F
   int num_heads = 16;
-  int out_hidden_size = 2048;  // O (= text hidden_size)
+  int out_hidden_size = 2048;        // O (= text hidden_size)
   int in_channels = 3;
   int patch_size = 16;
   int temporal_patch_size = 2;
@@ -67,10 +67,10 @@ struct QuantConfig {
 };
 
 struct TokenIds {
-  int image_token_id = 151655;         // <|image_pad|>
-  int video_token_id = 151656;         // <|video_pad|>
-  int vision_start_token_id = 151652;  // <|vision_start|>
-  int vision_end_token_id = 151653;    // <|vision_end|>
+  int image_token_id = 151655;        // <|image_pad|>
+  int video_token_id = 151656;        // <|video_pad|>
+  int vision_start_token_id = 151652; // <|vision_start|>
+  int vision_end_token_id = 151653;   // <|vision_end|>
   int bos_token_id = 151643;
   int eos_token_id = 151645;
 };
