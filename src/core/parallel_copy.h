@@ -1,5 +1,5 @@
 // A host memcpy split over OpenMP threads. A single thread copies at ~4-7 GB/s on the GPU
-// machine's VM (bench/RESULTS.md runs 21-22), well under what its memory system takes, and the
+// machine's VM (bench/RESULTS.md runs 20 and 22), well under what its memory system takes, and the
 // copies into pinned staging buffers (weights at load, the vision encoder's pixels) sit on the
 // critical path before their DMA.
 #pragma once
