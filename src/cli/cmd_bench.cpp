@@ -628,11 +628,11 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::Range(0, 32));
   app.add_option("--fused-rms-norm-max-rows", o->fused_rms_rows,
                  "CUDA A/B: RMSNorm runs inside the Linear that reads it up to this many rows, as its own kernel "
-                 "past it (8)")
+                 "past it (4)")
       ->check(CLI::Range(0, 8));
   app.add_option("--fused-silu-mul-max-rows", o->fused_silu_rows,
                  "CUDA A/B: SiLU·mul runs inside the Linear that reads it up to this many rows, as its own kernel "
-                 "past it (8)")
+                 "past it (1)")
       ->check(CLI::Range(0, 8));
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "core/vision_rope.h"
@@ -156,7 +155,7 @@ std::vector<float> vision_rope_inv_freq(const VisionConfig& vision) {
   return inv;
 }
 
-VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids, bool tables) {
+VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids) {
   VisionLayout L;
   L.cu_seqlens.push_back(0);
   L.token_offsets.push_back(0);
@@ -168,12 +167,6 @@ VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid
       L.cu_seqlens.push_back(L.cu_seqlens.back() + g.h * g.w);
       L.max_seqlen = std::max(L.max_seqlen, g.h * g.w);
     }
-  }
-  if (tables) {
-    L.interp_index.resize(L.num_patches * 4);
-    L.interp_weight.resize(L.num_patches * 4);
-    L.rope.resize(L.num_patches * 2 * vision.head_dim());
-    write_vision_tables(vision, grids, L.interp_index.data(), L.interp_weight.data(), L.rope.data());
   }
   return L;
 }

@@ -61,16 +61,11 @@ struct VisionLayout {
   std::vector<int64_t> token_offsets;  // first output row of image i; num_images + 1 entries
   std::vector<int32_t> cu_seqlens;     // attention segments: one per temporal slice of each image
   int max_seqlen = 0;
-  // The per-patch tables (write_vision_tables); left empty when vision_layout is asked not to
-  // build them (the encoder then writes them straight into its upload buffer).
-  std::vector<int32_t> interp_index;  // [N, 4] rows of the learned position table
-  std::vector<float> interp_weight;   // [N, 4] bilinear weights (fp32)
-  std::vector<float> rope;            // [N, 2, head_dim]: cos then sin of the 2-D angles
 };
 
-// Builds the layout (grids must have passed validate_grid), with the tables unless `tables` is
-// false.
-VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids, bool tables = true);
+// Builds the layout (grids must have passed validate_grid). The per-patch tables come from
+// write_vision_factors (what the encoder uploads) or write_vision_tables (the whole tables).
+VisionLayout vision_layout(const VisionConfig& vision, std::span<const ImageGrid> grids);
 
 // Writes the per-patch tables of `grids` (N patches in all) into caller memory:
 // interp_index [N, 4], interp_weight [N, 4], rope [N, 2, head_dim]. The values are those of

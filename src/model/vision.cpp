@@ -35,7 +35,7 @@ Result<VisionOutput> Qwen3VLModel::encode_images(std::span<const ImageInput> ima
     grids.push_back(img.grid);
   }
   const bool staged = staging.data != nullptr;
-  const VisionLayout layout = vision_layout(vc, grids, /*tables=*/false);
+  const VisionLayout layout = vision_layout(vc, grids);
   const int64_t N = layout.num_patches, M = layout.num_tokens;
   const int64_t D = vc.hidden_size, O = vc.out_hidden_size, P = vc.patch_dim();
   const int dh = vc.head_dim();
