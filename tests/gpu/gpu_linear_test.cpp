@@ -361,6 +361,48 @@ TEST(GpuOps, LinearSkinnyLoadOrders) {
   }
 }
 
+// 16 warps per block (SkinnyTuning::warps, up to 8 rows), forced with groups of one and two FP8
+// chunks, before and after the wait: against the CPU oracle, on K of 8 chunks (the last one
+// short), 20 (per-row scales), 48 (2B down, residual), 76 (groups in turn) and at 8 rows, and on
+// BF16 weights (K % 128 != 0, 2B down, 8 rows). The launch counter shows that every case ran the
+// 16-warp blocks.
+TEST(GpuOps, LinearSkinnySixteenWarps) {
+  QVL_REQUIRE_CUDA();
+  const auto none = Activation::kNone;
+  const std::vector<Case> cases = {
+      {1, 1008, {300}, true, false, Activation::kGeluTanh, 0},
+      {1, 2560, {200, 184}, true, true, none, 1},
+      {1, 6144, {2048}, true, false, none, 2},
+      {1, 9728, {256}, true, false, none, 2},
+      {8, 2048, {2048}, true, false, none, 2},
+  };
+  const std::vector<Case> bf16_cases = {
+      {1, 1000, {64, 64}, false, false, none, 0},
+      {1, 6144, {2048}, false, false, none, 2},
+      {8, 2048, {512}, false, true, none, 1},
+  };
+  for (int group : {1, 2}) {
+    for (int prewait : {1, 2}) {
+      CudaBackendOptions o;
+      o.skinny.variant = 1;
+      o.skinny.group = group;
+      o.skinny.prewait = prewait;
+      o.skinny.warps = 16;
+      auto be = make_cuda_backend(o);
+      ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+      SCOPED_TRACE("group " + std::to_string(group) + " prewait " + std::to_string(prewait));
+      const int64_t before = cuda_fp8_gemm_counts(**be).skinny_16_warps;
+      for (const Case& c : cases) run_case(c, **be);
+      size_t launched = cases.size();
+      if (group == 1) {  // BF16 takes groups of one chunk
+        for (const Case& c : bf16_cases) run_case(c, **be);
+        launched += bf16_cases.size();
+      }
+      EXPECT_EQ(cuda_fp8_gemm_counts(**be).skinny_16_warps - before, static_cast<int64_t>(launched));
+    }
+  }
+}
+
 // Three FP8 blocks per multiprocessor (SkinnyTuning::blocks: groups of one chunk at 80
 // registers), forced on every K: against the CPU oracle, and the same bits as the default
 // blocks of groups of one chunk. K = 1008 ends in a short chunk, 9728 takes buffers A and B in

@@ -218,5 +218,33 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
   }
 }
 
+// The one-tile decode Linear with 16 warps per block (SkinnyTuning::warps), forced on every
+// Linear it takes, the RMSNorm and SiLU·mul prologues included, BF16 and FP8: decode logits
+// against the oracle, and the launch counter shows the 16-warp blocks ran.
+TEST(GpuModel, SixteenWarpDecodeLinearsMatchTheOracle) {
+  QVL_REQUIRE_CUDA();
+  for (const std::string preset : {"tiny", "tiny-fp8"}) {
+    const ModelConfig cfg = preset_config(preset).value();
+    const std::string dir = scratch_dir("gpu_warps16_" + preset);
+    ASSERT_TRUE(generate_tiny(cfg, 7, dir).is_ok());
+    {
+      CudaBackendOptions opt;
+      opt.skinny.variant = 1;
+      opt.skinny.warps = 16;
+      auto be = make_cuda_backend(opt);
+      ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+      Loaded c = load(cpu(), dir, cfg), g = load(**be, dir, cfg);
+      ASSERT_TRUE(c.model && g.model);
+      const int n = 40;
+      const int64_t before = cuda_fp8_gemm_counts(**be).skinny_16_warps;
+      const std::vector<float> got = run_decode(*g.model, n);
+      EXPECT_GT(cuda_fp8_gemm_counts(**be).skinny_16_warps, before);
+      EXPECT_TRUE(
+          compare("decode logits, 16-warp Linears", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

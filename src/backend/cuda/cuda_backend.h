@@ -83,6 +83,8 @@ struct SkinnyTuning {
   // SiLU·mul prologue: 1 = gate and up loaded per vector, 2 = at one row, copied into shared
   // memory by cp.async first (the default: 2B BF16 / 4B FP8 decode -2%).
   int stage = 0;
+  // One-tile kernel up to 8 rows: warps per block, 8 or 16 (0: the default for the shape).
+  int warps = 0;
 };
 
 struct CudaBackendOptions {
@@ -285,12 +287,14 @@ CudaMemoryStats cuda_memory_stats(const Backend& backend);
 void cuda_memory_reset_peak(Backend& backend);
 
 // How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
-// was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu) had, those
-// recorded into graphs included (tests and benchmarks check which one did).
+// was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu) and the one-tile
+// kernel's 16-warp blocks (BF16 Linears included) had, those recorded into graphs included (tests
+// and benchmarks check which one did).
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
   int64_t skinny_wide = 0;
+  int64_t skinny_16_warps = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -7,7 +7,7 @@ namespace qvl::cuda {
 namespace skinny {
 namespace {
 
-// A warp's chunk group c: chunks c, c + kWarps, ..., c + kWarps (G - 1), with their FP8 block
+// A warp's chunk group c: chunks c, c + W, ..., c + W (G - 1) (W warps per block), with their FP8 block
 // scales of rows ra and rb (loaded with the weights, so that no scale load waits after the math).
 template <bool kFp8, int G>
 struct Group {
@@ -16,12 +16,12 @@ struct Group {
 };
 
 // Loads group c: chunks past the end are zeros and cost no load.
-template <bool kFp8, int G>
+template <bool kFp8, int G, int W>
 __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, int ra, int rb, int t,
                                            Group<kFp8, G>& grp) {
 #pragma unroll
   for (int i = 0; i < G; ++i) {
-    const int ci = c + i * kWarps;
+    const int ci = c + i * W;
     load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
     if (kFp8 && ci < nchunks) {
       grp.sa[i] = block_scale(p, ra, ci);
@@ -31,13 +31,13 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
 }
 
 // acc += the group's partial sums, each chunk times its block scale (FP8), in chunk order.
-template <bool kFp8, int G, int NT, int PRO>
+template <bool kFp8, int G, int NT, int PRO, int W>
 __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int nchunks, int t, int g,
                                               const Group<kFp8, G>& grp, const PrologueSmem& pro_smem,
                                               float (&acc)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < G; ++i) {
-    const int ci = c + i * kWarps;
+    const int ci = c + i * W;
     if (ci >= nchunks) break;
     float part[NT][4];
     chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
@@ -54,14 +54,16 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // anyway; G does not change the order of any sum. MB > 0: at least MB blocks per
 // multiprocessor (3: FP8 groups of one chunk, whose registers then leave room for a third
 // block's loads; a block's time is mostly the latency of its round of loads, and an FP8 block
-// carries half a BF16 block's bytes).
-template <bool kFp8, int G, int NT, int PRO, int MB = 0>
-__global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
-                                               : NT <= 2 && G <= 2 ? 2
-                                                                   : 1)
+// carries half a BF16 block's bytes). W = 16 warps per block (FP8, one row, grids of at most a
+// block per multiprocessor): each warp's share of K halves, and the math after the wait runs at
+// four warps per scheduler instead of two.
+template <bool kFp8, int G, int NT, int PRO, int MB = 0, int W = kWarps>
+__global__ void __launch_bounds__(W * 32, MB > 0                             ? MB
+                                          : W == kWarps && NT <= 2 && G <= 2 ? 2
+                                                                             : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
-  constexpr int kStride = kWarps * G;  // chunks per round of the 8 warps
-  __shared__ float red[kWarps][kRows][NT * 8 + 1];
+  constexpr int kStride = W * G;  // chunks per round of the W warps
+  __shared__ float red[W][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -80,47 +82,47 @@ __global__ void __launch_bounds__(kWarps * 32, MB > 0              ? MB
   Group<kFp8, G> wa, wb;
   int c = warp;
   // Weights are never written by a kernel: safe before the wait.
-  load_group<kFp8, G>(p, c, nchunks, ra, rb, t, wa);
-  if (prewait > 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
+  load_group<kFp8, G, W>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G, W>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
-  prefetch_prologue<PRO>(p, pw);
+  prefetch_prologue<PRO, W>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO>(p, pro_smem, pw);
-  if (prewait <= 1) load_group<kFp8, G>(p, c + kStride, nchunks, ra, rb, t, wb);
+  run_prologue<PRO, W>(p, pro_smem, pw);
+  if (prewait <= 1) load_group<kFp8, G, W>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
-    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wa, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    consume_group<kFp8, G, NT, PRO, W>(p, c, nchunks, t, g, wa, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, W>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
-    consume_group<kFp8, G, NT, PRO>(p, c, nchunks, t, g, wb, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    consume_group<kFp8, G, NT, PRO, W>(p, c, nchunks, t, g, wb, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, W>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 
-  reduce_tile_and_store<NT>(p, red, acc, row0);
+  reduce_tile_and_store<NT, W>(p, red, acc, row0);
 }
 
-template <bool kFp8, int G, int MB = 0>
+template <bool kFp8, int G, int MB = 0, int W = kWarps>
 void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
-  const dim3 grid(ceil_div(p.N, kRows)), block(kWarps * 32);
+  const dim3 grid(ceil_div(p.N, kRows)), block(W * 32);
   auto go = [&](const char* name, auto kernel, size_t smem) {
     launch(ctx, name, kernel, grid, block, smem, p, prewait);
   };
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB>, prologue_bytes(p));
+      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W>, prologue_bytes(p));
     else
-      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>, prologue_bytes(p));
+      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W>, prologue_bytes(p));
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (G > 2 || MB > 0) {
-    QVL_CHECK_LE(p.n, 8) << "skinny_linear: groups of " << G << ", " << MB
-                         << " blocks per multiprocessor take at most 8 rows";
-    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB>, 0);
+  if constexpr (G > 2 || MB > 0 || W != kWarps) {
+    QVL_CHECK_LE(p.n, 8) << "skinny_linear: groups of " << G << ", " << MB << " blocks per multiprocessor, " << W
+                         << " warps take at most 8 rows";
+    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB, W>, 0);
   } else {
     switch ((p.n + 7) / 8) {
       case 1:
@@ -221,6 +223,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
       t.blocks = 3;
     if (!fp8_few) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
+    // 16 warps per block: up to 8 rows, groups of one chunk (BF16) or of one or two (FP8: two
+    // where the warps' first chunks do not cover K).
+    if (p.n > 8 || t.blocks == 3) t.warps = 0;
+    if (t.warps == 16) t.group = !fp8 || t.group == 1 || nchunks <= 16 ? 1 : 2;
     if (t.group == 0) {
       const int whole_k = std::clamp(static_cast<int>(ceil_div(nchunks, 2 * kWarps)), 2, 5);
       t.group = !fp8 || p.n > 1 ? 1 : tiles <= ctx.num_sms ? whole_k : 2;
@@ -230,6 +236,8 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.group == 1 || fp8) && (t.prewait == 1 || t.prewait == 2))
         << "skinny group " << t.group << ", prewait " << t.prewait;
     QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
+    QVL_CHECK(t.warps == 0 || t.warps == kWarps || (t.warps == 16 && t.group <= (fp8 ? 2 : 1)))
+        << "skinny warps " << t.warps;
     return t;
   }
   if (t.variant == 3) {
@@ -243,10 +251,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   return t;
 }
 
-template <bool kFp8, int G, int MB = 0>
+template <bool kFp8, int G, int MB = 0, int W = kWarps>
 void allow_staged_silu() {
   constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB>,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
@@ -265,6 +273,9 @@ void configure_skinny(int ring_smem) {
   allow_staged_silu<true, 4>();
   allow_staged_silu<true, 5>();
   allow_staged_silu<true, 1, 3>();
+  allow_staged_silu<false, 1, 0, 16>();
+  allow_staged_silu<true, 1, 0, 16>();
+  allow_staged_silu<true, 2, 0, 16>();
 }
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
@@ -357,10 +368,17 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     const RingTuning rt{.depth = tune.depth, .group = tune.group, .blocks = tune.blocks, .mode = tune.split};
     fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);
   } else if (tune.variant == 1) {
-    if (!fp8)
+    if (tune.warps == 16 && ctx.warps16_launches != nullptr) ++*ctx.warps16_launches;
+    if (!fp8 && tune.warps == 16)
+      launch_nt<false, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
+    else if (!fp8)
       launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
       launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
+    else if (tune.warps == 16 && tune.group == 2)
+      launch_nt<true, 2, 0, 16>(ctx, p, pro.kind, tune.prewait);
+    else if (tune.warps == 16)
+      launch_nt<true, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 5)
       launch_nt<true, 5>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 4)

@@ -30,6 +30,9 @@
 namespace qvl::cuda::skinny {
 
 constexpr int kWarps = 8;
+// The one-tile kernel may run 16 warps per block (SkinnyTuning::warps): the prologues and the
+// tile's reduction take the block's warp count as a template argument W (default kWarps).
+constexpr int kMaxWarps = 16;
 constexpr int kRows = 16;
 constexpr int kChunk = 128;
 constexpr int kChunkShift = 7;  // log2(kChunk): FP8 scale blocks are kChunk rows tall
@@ -73,7 +76,7 @@ struct SkinnyParams {
 // sums of squares it is reduced from.
 struct PrologueSmem {
   float rstd[kFusedPrologueMaxRows];
-  float ss[kWarps][kFusedPrologueMaxRows];
+  float ss[kMaxWarps][kFusedPrologueMaxRows];
 };
 
 // Dynamic shared memory of a prologue kernel: x itself, [n][K] BF16 (at most
@@ -99,7 +102,7 @@ __device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, 
 }
 
 // RMSNorm weights of the thread's first kPrologueWeightVecs vectors (columns 8v.., v = thread
-// + 256 m), loaded before the PDL wait: weights are never written by a kernel.
+// + 32 W m), loaded before the PDL wait: weights are never written by a kernel.
 constexpr int kPrologueWeightVecs = 2;
 struct PrologueWeights {
   float w[kPrologueWeightVecs][8];
@@ -113,12 +116,12 @@ __device__ __forceinline__ void load_norm_w8(const SkinnyParams& p, int k, float
     unpack8(load16(static_cast<const bf16*>(p.norm_w) + k), w);
   }
 }
-template <int PRO>
+template <int PRO, int W = kWarps>
 __device__ __forceinline__ void prefetch_prologue(const SkinnyParams& p, PrologueWeights& pw) {
   if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
 #pragma unroll
     for (int m = 0; m < kPrologueWeightVecs; ++m) {
-      const int v = threadIdx.x + m * kWarps * 32;
+      const int v = threadIdx.x + m * W * 32;
       if (v < p.K / 8) load_norm_w8(p, v * 8, pw.w[m]);
     }
   }
@@ -138,8 +141,9 @@ __device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
 // (RMSNorm: bf16(w * bf16(x * rstd)); SiLU·mul: bf16(bf16(silu(g)) * u)) and writes this
 // block's share of x to global memory (blocks split the n*K/8 vectors evenly), so x ends up
 // fully written. Sums of squares are reduced in a fixed order (deterministic).
-template <int PRO>
+template <int PRO, int W = kWarps>
 __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps, const PrologueWeights& pw) {
+  static_assert(W <= kMaxWarps);
   if constexpr (PRO != SkinnyPrologue::kNone) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv = p.K / 8;  // vectors per row
@@ -152,7 +156,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
         ss[tok] = 0.0f;
         if (tok < p.n) {
           const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
-          for (int v = threadIdx.x; v < kv; v += kWarps * 32) {
+          for (int v = threadIdx.x; v < kv; v += W * 32) {
             const uint4 raw = load16(row + v);
             prologue_x[tok * kv + v] = raw;
             float f[8];
@@ -173,11 +177,11 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
       if (threadIdx.x < p.n) {
         float total = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) total += ps.ss[w][threadIdx.x];
+        for (int w = 0; w < W; ++w) total += ps.ss[w][threadIdx.x];
         ps.rstd[threadIdx.x] = rsqrtf(total / static_cast<float>(p.K) + p.eps);
       }
       __syncthreads();
-      for (int v = threadIdx.x, m = 0; v < kv; v += kWarps * 32, ++m) {
+      for (int v = threadIdx.x, m = 0; v < kv; v += W * 32, ++m) {
         float w[8];
         if (m < kPrologueWeightVecs) {
 #pragma unroll
@@ -203,20 +207,20 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
       // then each thread combines the vectors it copied. Staging RMSNorm's rows the same way
       // measured slower (2B +3%, K = 2048: one vector per thread).
       uint4* up = prologue_x + p.n * kv;
-      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+      for (int i = threadIdx.x; i < p.n * kv; i += W * 32) {
         const int tok = i / kv, k = (i % kv) * 8;
         const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
         cp_async16(&prologue_x[i], row + k);
         cp_async16(&up[i], row + p.K + k);
       }
       cp_async_wait_all();
-      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+      for (int i = threadIdx.x; i < p.n * kv; i += W * 32) {
         const uint4 x = silu_mul8(prologue_x[i], up[i]);
         prologue_x[i] = x;
         if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
     } else {
-      for (int i = threadIdx.x; i < p.n * kv; i += kWarps * 32) {
+      for (int i = threadIdx.x; i < p.n * kv; i += W * 32) {
         const int tok = i / kv, k = (i % kv) * 8;
         const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
         const uint4 x = silu_mul8(load16(row + k), load16(row + p.K + k));
@@ -374,8 +378,8 @@ __device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int to
 
 // A warp's partial sums into red[warp] (C fragment: acc[j][0..1] = row g, tokens 8j+2t,
 // 8j+2t+1; acc[j][2..3] = row g + 8).
-template <int NT>
-__device__ __forceinline__ void write_partials(float (&red)[kWarps][kRows][NT * 8 + 1], const float (&acc)[NT][4]) {
+template <int NT, int W = kWarps>
+__device__ __forceinline__ void write_partials(float (&red)[W][kRows][NT * 8 + 1], const float (&acc)[NT][4]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -389,18 +393,18 @@ __device__ __forceinline__ void write_partials(float (&red)[kWarps][kRows][NT * 
 
 // The end of a 16-row tile: the 8 warps' partial sums meet in `red`, are added in warp order,
 // and each output is stored. Every thread of the block calls it (one barrier).
-template <int NT>
-__device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[kWarps][kRows][NT * 8 + 1],
+template <int NT, int W = kWarps>
+__device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[W][kRows][NT * 8 + 1],
                                                       const float (&acc)[NT][4], int row0) {
-  write_partials<NT>(red, acc);
+  write_partials<NT, W>(red, acc);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kRows * p.n; idx += kWarps * 32) {
+  for (int idx = threadIdx.x; idx < kRows * p.n; idx += W * 32) {
     const int tok = idx / kRows, r = idx % kRows;
     const int row = row0 + r;
     if (row >= p.N) continue;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += red[w][r][tok];
+    for (int w = 0; w < W; ++w) v += red[w][r][tok];
     store_out(p, row, tok, v);
   }
 }
