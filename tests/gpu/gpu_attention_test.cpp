@@ -115,7 +115,10 @@ TEST(GpuOps, VisionAttention) {
     cpu().vision_attention(out_c, qkv.c, sc, c.nh, c.dh, scale);
     const std::vector<float> expected = download(cpu(), out_c);
     std::string segs;
-    for (size_t i = 0; i + 1 < c.cu.size(); ++i) segs += (i ? "," : "") + std::to_string(c.cu[i + 1] - c.cu[i]);
+    for (size_t i = 0; i + 1 < c.cu.size(); ++i) {  // appended piece by piece: "," + string trips GCC 12's -Wrestrict
+      if (i) segs += ',';
+      segs += std::to_string(c.cu[i + 1] - c.cu[i]);
+    }
     std::vector<float> mt2;
     for (const Gpu& gpu : gpus.list()) {
       // Rows a kernel fails to write keep 5.0 and fail the comparison.
@@ -306,7 +309,7 @@ TEST(GpuOps, TextQkvPrepare) {
       qa.insert(qa.end(), a.begin() + i * width, a.begin() + i * width + int64_t{c.hq} * c.hd);
       qe.insert(qe.end(), e.begin() + i * width, e.begin() + i * width + int64_t{c.hq} * c.hd);
     }
-    const std::string shp = "n" + std::to_string(n) + " " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
+    const std::string shp = 'n' + std::to_string(n) + " " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) +
                             " heads dh" + std::to_string(c.hd) + (c.kv == f8 ? " kv:fp8" : "");
     EXPECT_TRUE(compare("text_qkv_prepare q", shp, qa, qe, tol::kGpuRope));
     // K and V rows written at the slots (layer 1); the rest of the cache must be untouched.
@@ -357,10 +360,12 @@ void run_text_attention(const std::string& op, const std::vector<std::pair<int, 
   cpu().text_attention(out_c, qkv.c, t.bc, t.cc, layer, shape, scale);
   const std::vector<float> expected = download(cpu(), out_c);
   std::string desc = std::to_string(seqs.size()) + " seqs (";
-  for (size_t i = 0; i < std::min<size_t>(seqs.size(), 6); ++i)
-    desc += (i ? "," : "") + std::to_string(seqs[i].first) + "/" + std::to_string(seqs[i].second);
+  for (size_t i = 0; i < std::min<size_t>(seqs.size(), 6); ++i) {
+    if (i) desc += ',';
+    desc += std::to_string(seqs[i].first) + '/' + std::to_string(seqs[i].second);
+  }
   desc += seqs.size() > 6 ? ",..)" : ")";
-  desc += " " + std::to_string(hq) + "/" + std::to_string(hkv) + " dh" + std::to_string(hd);
+  desc += ' ' + std::to_string(hq) + '/' + std::to_string(hkv) + " dh" + std::to_string(hd);
   if (kv == DType::kF8E4M3) desc += " kv:fp8";
   if (page != 16) desc += " page " + std::to_string(page);
   const std::vector<Gpu> only_cuda = {{"", cuda()}};

@@ -65,7 +65,7 @@ struct Case {
 std::string describe(const Case& c) {
   int64_t N = 0;
   for (int64_t r : c.part_rows) N += r;
-  std::string s = "n" + std::to_string(c.n) + " K" + std::to_string(c.K) + " N" + std::to_string(N);
+  std::string s = 'n' + std::to_string(c.n) + " K" + std::to_string(c.K) + " N" + std::to_string(N);
   if (c.part_rows.size() > 1) s += " parts" + std::to_string(c.part_rows.size());
   if (c.bias) s += " +b";
   if (c.act == Activation::kGeluTanh) s += " gelu_tanh";
@@ -716,7 +716,7 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
     cuda()->copy_to_host(gq.data(), q);
     cuda()->copy_to_host(gs.data(), sc);
     if (c.tail) cuda()->copy_to_host(gt.data(), tail);
-    const std::string shape = "n" + std::to_string(c.n) + " K" + std::to_string(c.K);
+    const std::string shape = 'n' + std::to_string(c.n) + " K" + std::to_string(c.K);
     int64_t bad = 0;
     for (size_t i = 0; i < gq.size(); ++i)
       if (gq[i] != h.q[i] && bad++ == 0)

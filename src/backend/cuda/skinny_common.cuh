@@ -5,8 +5,9 @@
 // Memory-bound: every weight byte is read exactly once, so the kernel is built around the
 // weight stream and the tensor cores only do the (cheap) arithmetic.
 //
-// Layout ("swap AB"): a block owns 16 weight rows and all n tokens; its 8 warps split K into
-// 128-wide chunks (warp w takes chunks w, w+8, ...), and each warp runs mma.m16n8k16 with the
+// Layout ("swap AB"): a block owns 16 weight rows and all n tokens; its 8 warps (16 in the
+// one-tile kernel's SkinnyTuning::warps blocks) split K into 128-wide chunks (warp w takes
+// chunks w, w+8, ...), and each warp runs mma.m16n8k16 with the
 // 16 weight rows as A and up to 4 tiles of 8 tokens as B. K is permuted inside each 16-wide
 // k-step so that both operands come straight from 16-byte global loads with no shuffles: lane
 // (g = lane/4, t = lane%4) loads 8 consecutive BF16 (16 consecutive FP8) of weight rows g and
