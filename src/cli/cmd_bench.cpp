@@ -553,7 +553,8 @@ Status run_bench(const BenchOptions& o) {
                           {"w8a8_linears", f.w8a8},
                           {"dequant_linears", f.dequant},
                           {"skinny_wide_launches", f.skinny_wide},
-                          {"skinny_16_warp_launches", f.skinny_16_warps}};
+                          {"skinny_16_warp_launches", f.skinny_16_warps},
+                          {"skinny_pair_launches", f.skinny_pairs}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test

@@ -403,6 +403,37 @@ TEST(GpuOps, LinearSkinnySixteenWarps) {
   }
 }
 
+// A tile's K over a cluster pair of blocks (SkinnyTuning::split 2, FP8 up to 8 rows, sm_90+),
+// forced: against the CPU oracle, on K of 8 chunks (block 1 has none), 20 (per-row scales), 32
+// (4B o_proj), 76 (4B down, residual in place), at 5 and 8 rows and with N ending in a partial
+// tile; the launch counter shows that every case ran as pairs.
+TEST(GpuOps, LinearSkinnyFp8ClusterPairs) {
+  QVL_REQUIRE_CUDA();
+  auto info = cuda_device_info(0);
+  if (!info.is_ok() || info->compute_capability < 90) GTEST_SKIP() << "no thread-block clusters";
+  const auto none = Activation::kNone;
+  const std::vector<Case> cases = {
+      {1, 1008, {300}, true, true, Activation::kGeluTanh, 0},
+      {1, 2560, {200, 184}, true, false, none, 1},
+      {1, 4096, {2560}, true, false, none, 0},
+      {1, 9728, {2560}, true, false, none, 2},
+      {5, 2560, {300}, true, false, none, 1},
+      {8, 2048, {1024}, true, true, none, 0},
+  };
+  for (int prewait : {1, 2}) {
+    CudaBackendOptions o;
+    o.skinny.variant = 1;
+    o.skinny.split = 2;
+    o.skinny.prewait = prewait;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+    SCOPED_TRACE("prewait " + std::to_string(prewait));
+    const int64_t before = cuda_fp8_gemm_counts(**be).skinny_pairs;
+    for (const Case& c : cases) run_case(c, **be);
+    EXPECT_EQ(cuda_fp8_gemm_counts(**be).skinny_pairs - before, static_cast<int64_t>(cases.size()));
+  }
+}
+
 // Three FP8 blocks per multiprocessor (SkinnyTuning::blocks: groups of one chunk at 80
 // registers), forced on every K: against the CPU oracle, and the same bits as the default
 // blocks of groups of one chunk. K = 1008 ends in a short chunk, 9728 takes buffers A and B in

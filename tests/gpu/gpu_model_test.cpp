@@ -218,29 +218,37 @@ TEST(GpuModel, StagedDecodeProloguesGiveTheSameBits) {
   }
 }
 
-// The one-tile decode Linear with 16 warps per block (SkinnyTuning::warps), forced on every
-// Linear it takes, the RMSNorm and SiLU·mul prologues included, BF16 and FP8: decode logits
-// against the oracle, and the launch counter shows the 16-warp blocks ran.
-TEST(GpuModel, SixteenWarpDecodeLinearsMatchTheOracle) {
+// The one-tile decode Linear with 16 warps per block (SkinnyTuning::warps), and with a tile's K
+// over a cluster pair of blocks (split 2: FP8, sm_90+), each forced on every Linear it takes, the
+// RMSNorm and SiLU·mul prologues included: decode logits against the oracle, and the launch
+// counters show that they ran.
+TEST(GpuModel, SixteenWarpAndPairDecodeLinearsMatchTheOracle) {
   QVL_REQUIRE_CUDA();
+  const bool clusters = cuda_device_info(0).value().compute_capability >= 90;
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
     const ModelConfig cfg = preset_config(preset).value();
     const std::string dir = scratch_dir("gpu_warps16_" + preset);
     ASSERT_TRUE(generate_tiny(cfg, 7, dir).is_ok());
-    {
+    for (const bool pairs : {false, true}) {
+      if (pairs && (preset == "tiny" || !clusters)) continue;  // pairs: FP8 on sm_90+
+      SCOPED_TRACE(preset + (pairs ? ": cluster pairs" : ": 16 warps"));
       CudaBackendOptions opt;
       opt.skinny.variant = 1;
-      opt.skinny.warps = 16;
+      if (pairs)
+        opt.skinny.split = 2;
+      else
+        opt.skinny.warps = 16;
       auto be = make_cuda_backend(opt);
       ASSERT_TRUE(be.is_ok()) << be.status().to_string();
       Loaded c = load(cpu(), dir, cfg), g = load(**be, dir, cfg);
       ASSERT_TRUE(c.model && g.model);
       const int n = 40;
-      const int64_t before = cuda_fp8_gemm_counts(**be).skinny_16_warps;
+      const CudaFp8GemmCounts before = cuda_fp8_gemm_counts(**be);
       const std::vector<float> got = run_decode(*g.model, n);
-      EXPECT_GT(cuda_fp8_gemm_counts(**be).skinny_16_warps, before);
-      EXPECT_TRUE(
-          compare("decode logits, 16-warp Linears", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+      const CudaFp8GemmCounts after = cuda_fp8_gemm_counts(**be);
+      EXPECT_GT(pairs ? after.skinny_pairs - before.skinny_pairs : after.skinny_16_warps - before.skinny_16_warps, 0);
+      EXPECT_TRUE(compare(pairs ? "decode logits, cluster-pair Linears" : "decode logits, 16-warp Linears", preset, got,
+                          run_decode(*c.model, n), tol::kGpuModelLogits));
     }
     std::filesystem::remove_all(dir);
   }

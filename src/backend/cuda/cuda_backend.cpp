@@ -63,6 +63,7 @@ Status CudaBackend::init() {
   ctx_.wide_fp8 = ctx_.clusters && info_.compute_capability / 10 == 9;
   ctx_.wide_launches = &fp8_counts_.skinny_wide;
   ctx_.warps16_launches = &fp8_counts_.skinny_16_warps;
+  ctx_.pair_launches = &fp8_counts_.skinny_pairs;
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

@@ -83,6 +83,7 @@ struct LaunchContext {
   bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   int64_t* wide_launches = nullptr;     // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
   int64_t* warps16_launches = nullptr;  // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
+  int64_t* pair_launches = nullptr;     // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
   OpProfiler* profiler = nullptr;       // non-null while profiling
   SkinnyTuning skinny;
 };

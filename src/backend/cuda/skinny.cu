@@ -56,19 +56,34 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // block's loads; a block's time is mostly the latency of its round of loads, and an FP8 block
 // carries half a BF16 block's bytes). W = 16 warps per block (FP8, one row, grids of at most a
 // block per multiprocessor): each warp's share of K halves, and the math after the wait runs at
-// four warps per scheduler instead of two.
-template <bool kFp8, int G, int NT, int PRO, int MB = 0, int W = kWarps>
+// four warps per scheduler instead of two. KS = 2 (sm_90+): a tile's K is split over a cluster of
+// two blocks (block h's warps are the tile's warps h W .. h W + W - 1), so that grids of a few
+// more tiles than multiprocessors (4B o_proj and down: 160) run as one wave of half tiles at
+// three blocks per multiprocessor; block 1 sends its sums to block 0 (st.async, counted on block
+// 0's mbarrier), which adds them to its own and stores.
+template <bool kFp8, int G, int NT, int PRO, int MB = 0, int W = kWarps, int KS = 1>
 __global__ void __launch_bounds__(W * 32, MB > 0                             ? MB
                                           : W == kWarps && NT <= 2 && G <= 2 ? 2
                                                                              : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
-  constexpr int kStride = W * G;  // chunks per round of the W warps
+  static_assert(KS == 1 || (KS == 2 && NT == 1), "a cluster pair takes up to 8 rows");
+  constexpr int WT = W * KS;       // warps over the tile's K
+  constexpr int kStride = WT * G;  // chunks per round of the WT warps
   __shared__ float red[W][kRows][NT * 8 + 1];
   __shared__ PrologueSmem pro_smem;
+  __shared__ float s_peer[KS == 2 ? kRows * 8 : 1];  // KS = 2, block 0: block 1's sums
+  __shared__ uint64_t s_bar;                         // counts their bytes
 
+  const int half = KS == 2 ? static_cast<int>(blockIdx.x) % 2 : 0;
+  if constexpr (KS == 2) {
+    // Block 0's barrier is initialised before its cluster arrival; block 1 waits on that phase
+    // before its first remote store.
+    if (half == 0 && threadIdx.x == 0) mbar_init_cluster(&s_bar);
+    cluster_arrive_relaxed();
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * kRows;
+  const int row0 = (static_cast<int>(blockIdx.x) / KS) * kRows;
   // Rows past N re-read row N-1 (in bounds); their results are never stored.
   const int ra = min(row0 + g, p.N - 1), rb = min(row0 + g + 8, p.N - 1);
   const int nchunks = (p.K + kChunk - 1) / kChunk;
@@ -80,49 +95,71 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
   Group<kFp8, G> wa, wb;
-  int c = warp;
+  int c = half * W + warp;
   // Weights are never written by a kernel: safe before the wait.
-  load_group<kFp8, G, W>(p, c, nchunks, ra, rb, t, wa);
-  if (prewait > 1) load_group<kFp8, G, W>(p, c + kStride, nchunks, ra, rb, t, wb);
+  load_group<kFp8, G, WT>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO, W>(p, pro_smem, pw);
-  if (prewait <= 1) load_group<kFp8, G, W>(p, c + kStride, nchunks, ra, rb, t, wb);
+  if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
-    consume_group<kFp8, G, NT, PRO, W>(p, c, nchunks, t, g, wa, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, W>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
-    consume_group<kFp8, G, NT, PRO, W>(p, c, nchunks, t, g, wb, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, W>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 
-  reduce_tile_and_store<NT, W>(p, red, acc, row0);
+  if constexpr (KS == 1) {
+    reduce_tile_and_store<NT, W>(p, red, acc, row0);
+  } else {
+    // The pair's sum per output, in a fixed order: block 0's warps, then block 1's.
+    write_partials<NT, W>(red, acc);
+    __syncthreads();
+    const int idx = threadIdx.x;  // kRows * n <= 128 outputs: one per thread
+    const int tok = idx / kRows, r = idx % kRows;
+    const bool mine = idx < kRows * p.n;
+    float v = 0.0f;
+    if (mine) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) v += red[w][r][tok];
+    }
+    if (half == 1) {
+      cluster_wait();  // block 0 has started: its barrier is initialised
+      if (mine) st_async_f32(cluster_peer_smem(smem_u32(&s_peer[idx]), 0), v, cluster_peer_smem(smem_u32(&s_bar), 0));
+      return;
+    }
+    if (threadIdx.x == 0) mbar_arrive_expect_tx(&s_bar, static_cast<uint32_t>(kRows * p.n * sizeof(float)));
+    mbar_wait_cluster(&s_bar);
+    if (mine && row0 + r < p.N) store_out(p, row0 + r, tok, v + s_peer[idx]);
+  }
 }
 
-template <bool kFp8, int G, int MB = 0, int W = kWarps>
+template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1>
 void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
-  const dim3 grid(ceil_div(p.N, kRows)), block(W * 32);
+  const dim3 grid(ceil_div(p.N, kRows) * KS), block(W * 32);
   auto go = [&](const char* name, auto kernel, size_t smem) {
-    launch(ctx, name, kernel, grid, block, smem, p, prewait);
+    launch_clustered(ctx, name, KS, kernel, grid, block, smem, p, prewait);
   };
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W>, prologue_bytes(p));
+      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W, KS>, prologue_bytes(p));
     else
-      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W>, prologue_bytes(p));
+      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS>, prologue_bytes(p));
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (G > 2 || MB > 0 || W != kWarps) {
+  if constexpr (G > 2 || MB > 0 || W != kWarps || KS > 1) {
     QVL_CHECK_LE(p.n, 8) << "skinny_linear: groups of " << G << ", " << MB << " blocks per multiprocessor, " << W
-                         << " warps take at most 8 rows";
-    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB, W>, 0);
+                         << " warps, " << KS << " blocks per tile take at most 8 rows";
+    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB, W, KS>, 0);
   } else {
     switch ((p.n + 7) / 8) {
       case 1:
@@ -218,6 +255,14 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // group 1 (BF16) or at most 2.
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
     const bool fp8_few = fp8 && p.n <= 8;
+    // split 2: a tile's K over a cluster pair of blocks, FP8 up to 8 rows on sm_90+, three blocks
+    // of group 1 per multiprocessor (other splits do not apply to this kernel).
+    if (t.split != 2 || !fp8_few || !ctx.clusters) t.split = 0;
+    if (t.split == 2) {
+      t.blocks = 3;
+      t.group = 1;
+      t.warps = 0;
+    }
     if (t.blocks == 0 && t.group == 0 && fp8_few && nchunks <= 3 * kWarps &&
         (tiles > 2 * ctx.num_sms || (p.n == 1 && tiles > ctx.num_sms)))
       t.blocks = 3;
@@ -258,10 +303,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   return t;
 }
 
-template <bool kFp8, int G, int MB = 0, int W = kWarps>
+template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1>
 void allow_staged_silu() {
   constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W>,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
@@ -280,6 +325,7 @@ void configure_skinny(int ring_smem) {
   allow_staged_silu<true, 4>();
   allow_staged_silu<true, 5>();
   allow_staged_silu<true, 1, 3>();
+  allow_staged_silu<true, 1, 3, kWarps, 2>();
   allow_staged_silu<false, 1, 0, 16>();
   allow_staged_silu<true, 1, 0, 16>();
   allow_staged_silu<true, 2, 0, 16>();
@@ -376,10 +422,13 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     fp8 ? launch_ring<true>(ctx, p, pro.kind, rt) : launch_ring<false>(ctx, p, pro.kind, rt);
   } else if (tune.variant == 1) {
     if (tune.warps == 16 && ctx.warps16_launches != nullptr) ++*ctx.warps16_launches;
+    if (tune.split == 2 && ctx.pair_launches != nullptr) ++*ctx.pair_launches;
     if (!fp8 && tune.warps == 16)
       launch_nt<false, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (!fp8)
       launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
+    else if (tune.blocks == 3 && tune.split == 2)
+      launch_nt<true, 1, 3, kWarps, 2>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
       launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16 && tune.group == 2)
