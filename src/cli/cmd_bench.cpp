@@ -99,7 +99,6 @@ struct BenchOptions {
   int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
   bool no_decode_cluster_merge = false;  // A/B: decode attention splits merged by the last to arrive
-  bool no_decode_warp_partials = false;  // A/B: the cluster merge takes a partial per split, not per warp
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
   std::string skip_kernels;              // measurement only: launches left out
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
@@ -173,7 +172,6 @@ Status run_bench(const BenchOptions& o) {
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
     opts.decode_cluster_merge = !o.no_decode_cluster_merge;
-    opts.decode_warp_partials = !o.no_decode_warp_partials;
     opts.skip_kernels = o.skip_kernels;
     opts.decode_attention_exit = o.decode_attention_exit;
     opts.decode_attention_trace = o.decode_attention_trace;
@@ -672,9 +670,6 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
                "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
                "in a thread-block cluster");
-  app.add_flag("--no-decode-warp-partials", o->no_decode_warp_partials,
-               "CUDA A/B: the decode attention's cluster merge takes one partial per split (its warps merged in "
-               "shared memory first) instead of one per warp");
   add_wgmma_flags(app, &o->no_vision_wgmma, &o->no_prefill_wgmma);
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")

@@ -449,18 +449,15 @@ TEST(GpuOps, TextDecodeAttention) {
   run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3, &gpus);
 }
 
-// The cluster merge of one partial per split (CudaBackendOptions::decode_warp_partials off; the
-// default sends one per warp, checked against the oracle with the other decode cases) and the L2
-// merge do the same arithmetic: with the same number of splits they write the same bits. Both
-// backends are held to 64 split blocks (8 splits of 8 kv heads: a portable cluster size, so the
-// cluster backend cannot take fewer).
+// The cluster merge and the L2 merge do the same arithmetic: with the same number of splits
+// they write the same bits. Both backends are held to 64 split blocks (8 splits of 8 kv heads:
+// a portable cluster size, so the cluster backend cannot take fewer).
 TEST(GpuOps, TextDecodeClusterMergeSameBits) {
   QVL_REQUIRE_CUDA();
   auto info = cuda_device_info(0);
   if (!info.is_ok() || info->compute_capability < 90) GTEST_SKIP() << "no thread-block clusters";
   CudaBackendOptions o;
   o.decode_split_blocks = 64;
-  o.decode_warp_partials = false;
   const std::unique_ptr<Backend> cluster = cuda_backend_with(o);
   o.decode_cluster_merge = false;
   const std::unique_ptr<Backend> l2 = cuda_backend_with(o);

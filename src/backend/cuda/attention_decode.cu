@@ -56,10 +56,6 @@ struct DecodeParams {
   const int32_t* page_table;
   CacheGeometry cache;
   int max_pages, hq, hkv, splits;
-  // Partials each split sends in a cluster merge: 1 (its warps merged in shared memory first) or
-  // kWarps (each warp's own (O, m, l), no merge inside the block; CudaBackendOptions::
-  // decode_warp_partials).
-  int parts;
   float scale_log2;
   // Fused q/k-norm + M-RoPE + K/V store (text_qkv_prepare) of the step's new rows; else the
   // rows' q is already rotated in qkv and their K/V are in the cache.
@@ -187,10 +183,10 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
 // the critical path of every key round inside the loop, and of the first round of a block that
 // becomes resident late.
 template <int HD, int NT>
-__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                                int rows, int newest, const int32_t* pages = nullptr) {
-  constexpr int CPR = HD / 8;                        // 16-byte columns per row
-  constexpr int RPP = NT / CPR;                      // rows per pass of the NT threads
+__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh,
+                                                int k0, int rows, int newest, const int32_t* pages = nullptr) {
+  constexpr int CPR = HD / 8;                       // 16-byte columns per row
+  constexpr int RPP = NT / CPR;                     // rows per pass of the NT threads
   constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
   static_assert(NT % CPR == 0, "whole rows per pass");
   const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
@@ -344,20 +340,17 @@ __device__ __forceinline__ void zero_tail(char* stage, int valid) {
 }
 
 // The cluster merge's inbox, past the kernel's other shared memory: what the blocks of the
-// cluster push into this one (st.async, counted on its mbarrier): [splits * parts][per] floats
-// of O (the slice of every partial whose outputs this block writes, per = merge_per; partial q =
-// split * parts + warp), then [splits * parts][group][m, l] (only the heads of that slice are
-// sent). Sized per launch (inbox_bytes).
+// cluster push into this one (st.async, counted on its mbarrier): [splits][per] floats of O (the
+// slice of every split's partial whose outputs this block writes, per = merge_per), then
+// [splits][group][m, l] (only the heads of that slice are sent). Sized per launch (inbox_bytes).
 __host__ __device__ inline int merge_per(int group, int hd, int splits) {
   return (group * hd + splits - 1) / splits;
 }
-inline size_t inbox_bytes(int group, int hd, int splits, int parts) {
-  return static_cast<size_t>(splits) * parts * (merge_per(group, hd, splits) + 2 * group) * sizeof(float);
+inline size_t inbox_bytes(int group, int hd, int splits) {
+  return static_cast<size_t>(splits) * (merge_per(group, hd, splits) + 2 * group) * sizeof(float);
 }
-constexpr int kMaxCluster = 16;                  // configure_decode_attention's largest cluster
-constexpr int kMaxParts = kWarps * kMaxCluster;  // partials a cluster merge reads, at most
 constexpr size_t kMaxInboxBytes =
-    static_cast<size_t>(kWarps) * (kMaxGroup * 128 + kMaxCluster + kMaxCluster * 2 * kMaxGroup) * sizeof(float);
+    static_cast<size_t>(kMaxGroup * 128 + kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
 template <int HD>
 constexpr size_t inbox_offset() {
   return (decode_smem_bytes<HD>() + 15) / 16 * 16;
@@ -365,42 +358,34 @@ constexpr size_t inbox_offset() {
 
 // The cluster's merge, run by every block of it: it waits until every active split's share of
 // its outputs has landed in its inbox (bytes counted on its mbarrier), then warp h takes
-// head h's (m, l) of every partial (one or two per lane) and leaves each partial's weight
-// exp2(m_q - M) / L, as the last-arriver merge does; then block `rank` writes output elements
-// [rank * per, (rank + 1) * per) of the group's heads from its inbox. With one partial per split
-// this is the last-arriver merge's arithmetic: the same bits for the same number of splits.
-// Nothing reads another block's shared memory and no block waits for the whole cluster.
+// head h's (m, l) of every split (one per lane) and leaves each split's weight exp2(m_s - M) / L,
+// as the last-arriver merge does; then block `rank` writes output elements [rank * per,
+// (rank + 1) * per) of the group's heads from its inbox (the same arithmetic as the
+// last-arriver merge: the same bits for the same number of splits). Nothing reads another
+// block's shared memory and no block waits for the whole cluster.
 template <int HD>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
                                               int seq, int kvh, int group, int rank, int active, int warp, int lane) {
-  static_assert(kMaxGroup * kMaxParts * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
-                "the partials' weights fit in the stages");
-  static_assert(kMaxParts <= 64, "two partials per lane");
+  static_assert(kMaxGroup * kDecodeMaxSplits * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
+                "the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
-  if (i0 >= i1) return;                // no outputs here, nothing sent here
-  const int parts = active * p.parts;  // the partials sent, q = split * p.parts + warp
+  if (i0 >= i1) return;  // no outputs here, nothing sent here
   // What the active splits send here: their slice of O and (m, l) of the slice's heads.
   const int heads = (i1 - 1) / HD - i0 / HD + 1;
-  if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(parts * ((i1 - i0) + 2 * heads) * 4));
+  if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
   mbar_wait_cluster(bar);
   stamp(p, 9);
-  const float* in_ml = inbox + p.splits * p.parts * per;
-  float* wpart = reinterpret_cast<float*>(smem);  // [head][kMaxParts], over the idle stages
+  const float* in_ml = inbox + p.splits * per;
+  float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits], over the idle stages
   // Only the heads of this block's outputs have their (m, l) here.
   for (int h = i0 / HD + warp; h <= (i1 - 1) / HD; h += kWarps) {
-    const int q1 = lane + 32;
-    const float m = lane < parts ? in_ml[(lane * group + h) * 2] : -INFINITY;
-    const float l = lane < parts ? in_ml[(lane * group + h) * 2 + 1] : 0.0f;
-    const float m1 = q1 < parts ? in_ml[(q1 * group + h) * 2] : -INFINITY;
-    const float l1 = q1 < parts ? in_ml[(q1 * group + h) * 2 + 1] : 0.0f;
-    const float mm = warp_max(fmaxf(m, m1));
+    const float m = lane < active ? in_ml[(lane * group + h) * 2] : -INFINITY;
+    const float l = lane < active ? in_ml[(lane * group + h) * 2 + 1] : 0.0f;
+    const float mm = warp_max(m);
     const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
-    const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mm);
-    // With at most 32 partials l1 * w1 is 0 and the sum is the last-arriver merge's.
-    const float total = warp_sum(l * w + l1 * w1);
-    wpart[h * kMaxParts + lane] = total > 0.0f ? w / total : 0.0f;
-    wpart[h * kMaxParts + q1] = total > 0.0f ? w1 / total : 0.0f;
+    const float total = warp_sum(l * w);
+    wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
   }
   __syncthreads();
   stamp(p, 10);
@@ -408,7 +393,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float acc = 0.0f;
-    for (int q = 0; q < parts; ++q) acc += inbox[q * per + (i - i0)] * wpart[h * kMaxParts + q];
+    for (int sp = 0; sp < active; ++sp) acc += inbox[sp * per + (i - i0)] * wsplit[h * kDecodeMaxSplits + sp];
     p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
   stamp(p, 11);
@@ -720,53 +705,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   stamp(p, 5);
   if (p.trigger == 1) grid_dep_launch();
 
-  if constexpr (kCluster) {
-    if (p.parts == kWarps && p.splits > 1) {
-      // Each warp sends its own (O, m, l) as partial q = split * kWarps + warp (a warp without
-      // keys sends m = -inf, l = 0, O = 0): no merge inside the block. O^T fragment o[mt] =
-      // (dims 16mt + g, 16mt + g + 8) x (heads 2t, 2t + 1); O goes to the block that writes it.
-      float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
-      const int per = merge_per(group, HD, p.splits);
-      const int q = split * kWarps + warp;
-      const uint32_t in_o = smem_u32(inbox + q * per), in_ml = smem_u32(inbox + p.splits * kWarps * per);
-      const uint32_t bar = smem_u32(&s_inbox_bar);
-      cluster_wait();  // every block of the cluster has started
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = 2 * t + (e & 1);
-          if (h >= group) continue;
-          const int i = h * HD + 16 * mt + g + (e >> 1) * 8;
-          const unsigned dst = static_cast<unsigned>(i / per);
-          st_async_f32(cluster_peer_smem(in_o + 4u * static_cast<uint32_t>(i - static_cast<int>(dst) * per), dst),
-                       o[mt][e], cluster_peer_smem(bar, dst));
-        }
-      }
-      // (m, l) of head h to every block that writes some of head h's outputs.
-      if (g == 0) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int h = 2 * t + hh;
-          if (h >= group) continue;
-          const uint32_t ml = in_ml + 8u * static_cast<uint32_t>(q * group + h);
-          for (int r = h * HD / per; r < p.splits && r * per < (h + 1) * HD; ++r) {
-            st_async_f32(cluster_peer_smem(ml, static_cast<unsigned>(r)), m_run[hh],
-                         cluster_peer_smem(bar, static_cast<unsigned>(r)));
-            st_async_f32(cluster_peer_smem(ml + 4, static_cast<unsigned>(r)), l_run[hh],
-                         cluster_peer_smem(bar, static_cast<unsigned>(r)));
-          }
-        }
-      }
-      stamp(p, 6);
-      if (p.trigger == 2) grid_dep_launch();
-      cluster_merge<HD>(p, smem, inbox, &s_inbox_bar, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp,
-                        lane);
-      stamp(p, 7);
-      return;
-    }
-  }
-
   // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
   if (g == 0) {
 #pragma unroll
@@ -980,7 +918,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.hq = shape.num_q_heads;
   p.hkv = shape.num_kv_heads;
   p.splits = splits;
-  p.parts = cluster && ctx.decode_warp_partials ? kWarps : 1;
   p.scale_log2 = scale * 1.4426950408889634f;
   p.debug_exit = ctx.decode_attention_exit;
   p.trace = ctx.decode_trace;
@@ -1017,7 +954,7 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   const bool fp8 = cache.dtype == DType::kF8E4M3;
   const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
   const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
-                       inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits, p.parts);
+                       inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
   if (cluster)
     launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8),

@@ -150,10 +150,6 @@ struct CudaBackendOptions {
   // the last block to arrive merging them through L2. The same arithmetic: the same bits for
   // the same number of splits (the cluster caps it at 16, the L2 merge at 32).
   bool decode_cluster_merge = true;
-  // ... and each of a split's 4 warps sends its own partial (O, m, l) to the cluster merge, which
-  // then merges 4 per split, instead of the block merging its warps in shared memory first (two
-  // block barriers less before the split's partial leaves). Not the L2 merge's bits.
-  bool decode_warp_partials = true;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
