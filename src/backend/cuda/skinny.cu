@@ -256,7 +256,14 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     const int nchunks = static_cast<int>(ceil_div(p.K, kChunk));
     const bool fp8_few = fp8 && p.n <= 8;
     // split 2: a tile's K over a cluster pair of blocks, FP8 up to 8 rows on sm_90+, three blocks
-    // of group 1 per multiprocessor (other splits do not apply to this kernel).
+    // of group 1 per multiprocessor (other splits do not apply to this kernel). By default at 2..8
+    // rows for grids of more tiles than multiprocessors whose half tiles fit one wave at three
+    // per multiprocessor (4B o_proj and down: 160 tiles). qvl bench A/B on an H100 (bench/
+    // RESULTS.md runs 27-28), 4B FP8 step at batch 2 / 4 / 8: -1.1 / -1.5 / -0.8%; at batch 1
+    // +4.3% (there the default groups of two chunks, both before the wait, stay).
+    if (t.split == 0 && t.group == 0 && t.blocks == 0 && t.warps == 0 && fp8_few && p.n >= 2 && tiles > ctx.num_sms &&
+        2 * tiles <= 3 * int64_t{ctx.num_sms})
+      t.split = 2;
     if (t.split != 2 || !fp8_few || !ctx.clusters) t.split = 0;
     if (t.split == 2) {
       t.blocks = 3;
