@@ -183,10 +183,10 @@ __device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, c
 // the critical path of every key round inside the loop, and of the first round of a block that
 // becomes resident late.
 template <int HD, int NT>
-__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh,
-                                                int k0, int rows, int newest, const int32_t* pages = nullptr) {
-  constexpr int CPR = HD / 8;                       // 16-byte columns per row
-  constexpr int RPP = NT / CPR;                     // rows per pass of the NT threads
+__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
+                                                int rows, int newest, const int32_t* pages = nullptr) {
+  constexpr int CPR = HD / 8;                        // 16-byte columns per row
+  constexpr int RPP = NT / CPR;                      // rows per pass of the NT threads
   constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
   static_assert(NT % CPR == 0, "whole rows per pass");
   const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
@@ -343,14 +343,16 @@ __device__ __forceinline__ void zero_tail(char* stage, int valid) {
 // cluster push into this one (st.async, counted on its mbarrier): [splits][per] floats of O (the
 // slice of every split's partial whose outputs this block writes, per = merge_per), then
 // [splits][group][m, l] (only the heads of that slice are sent). Sized per launch (inbox_bytes).
+// per is a multiple of 4, so that a split sends 4 consecutive outputs of one head and one
+// receiver in one st.async (hd is a multiple of 4).
 __host__ __device__ inline int merge_per(int group, int hd, int splits) {
-  return (group * hd + splits - 1) / splits;
+  return ((group * hd + splits - 1) / splits + 3) / 4 * 4;
 }
 inline size_t inbox_bytes(int group, int hd, int splits) {
   return static_cast<size_t>(splits) * (merge_per(group, hd, splits) + 2 * group) * sizeof(float);
 }
 constexpr size_t kMaxInboxBytes =
-    static_cast<size_t>(kMaxGroup * 128 + kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
+    static_cast<size_t>(kMaxGroup * 128 + 4 * kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
 template <int HD>
 constexpr size_t inbox_offset() {
   return (decode_smem_bytes<HD>() + 15) / 16 * 16;
@@ -735,8 +737,30 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __syncthreads();
   float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
   const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
-  if constexpr (kCluster) cluster_wait();  // every block of the cluster has started
-  for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+  if constexpr (kCluster) {
+    cluster_wait();  // every block of the cluster has started
+    if (p.splits > 1) {
+      // 4 consecutive outputs of one head per thread (their sums over the warps, unnormalised),
+      // to the block that writes them in one st.async (per is a multiple of 4).
+      for (int i = 4 * static_cast<int>(threadIdx.x); i < group * HD; i += 4 * kThreads) {
+        const int h = i / HD, d = i % HD;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float4 r = *reinterpret_cast<const float4*>(&red[(w * kMaxGroup + h) * HD + d]);
+          acc.x += r.x;
+          acc.y += r.y;
+          acc.z += r.z;
+          acc.w += r.w;
+        }
+        const int dst = i / per;
+        st_async_f32x4(cluster_peer_smem(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
+                       cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
+      }
+    }
+  }
+  // One split writes the output; the L2 merge's splits write their partials.
+  for (int i = threadIdx.x; i < (kCluster && p.splits > 1 ? 0 : group * HD); i += kThreads) {
     const int h = i / HD, d = i % HD;
     float mm, l, acc = 0.0f;
     head_ml(h, mm, l);
@@ -745,10 +769,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     const int head = kvh * group + h;
     if (p.splits == 1) {
       p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
-    } else if constexpr (kCluster) {
-      const int dst = i / per;  // into the inbox of the block that writes output i
-      st_async_f32(cluster_peer_smem(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
-                   cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
     } else {
       float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
       part[d] = acc;

@@ -251,6 +251,16 @@ __device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t 
                : "memory");
 #endif
 }
+// Four consecutive floats (16-byte aligned at both ends) in one st.async.
+__device__ __forceinline__ void st_async_f32x4(uint32_t remote, float4 v, uint32_t remote_bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote),
+      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)),
+      "r"(remote_bar)
+      : "memory");
+#endif
+}
 // Initialises a one-arrival mbarrier for the cluster's st.async. Peers may store to it once a
 // cluster barrier phase that this thread arrives at afterwards has completed.
 __device__ __forceinline__ void mbar_init_cluster(uint64_t* bar) {
