@@ -66,9 +66,10 @@ enum class CudaFp8Gemm : uint8_t {
 // Which decode Linear kernel runs (skinny.cu), for benchmarks (qvl bench --cuda-skinny); 0 in a
 // field = the default for the shape. variant 1 = one 16-row tile per block, K over the 8 warps
 // (group = 128-column chunks a warp loads at once, prewait = groups loaded before the PDL wait,
-// 1 or 2; split 2 = the tile's K over a cluster pair of blocks, FP8 up to 8 rows, sm_90+); 2 = streaming warps (depth =
-// chunks in flight per warp, split = warps sharing one row tile's K); 3 = the bulk-copy ring, sm_90+, at most 8 rows,
-// FP8 with 128-row scale blocks (depth = stages, split = 1 whole tiles / 2 row segments of 8 * group chunks, blocks per
+// 1 or 2; warps below; split 2 = the tile's K over a cluster pair of blocks, FP8 up to 8 rows,
+// sm_90+); 2 = streaming warps (depth = chunks in flight per warp, split = warps sharing one row
+// tile's K); 3 = the bulk-copy ring, sm_90+, at most 8 rows, FP8 with 128-row scale blocks
+// (depth = stages, split = 1 whole tiles / 2 row segments of 8 * group chunks, blocks per
 // multiprocessor; skinny_common.cuh RingTuning); 4 = the wide kernel, FP8 on sm_90+ (split =
 // blocks of a cluster sharing one 128-row tile's K: 1, 2, 4 or 8; a default on sm_90 for the FP8
 // shapes skinny.cu's choose_skinny names).

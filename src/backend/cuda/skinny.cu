@@ -7,8 +7,9 @@ namespace qvl::cuda {
 namespace skinny {
 namespace {
 
-// A warp's chunk group c: chunks c, c + W, ..., c + W (G - 1) (W warps per block), with their FP8 block
-// scales of rows ra and rb (loaded with the weights, so that no scale load waits after the math).
+// A warp's chunk group c: chunks c, c + W, ..., c + W (G - 1) (W warps over the tile's K), with
+// their FP8 block scales of rows ra and rb (loaded with the weights, so that no scale load waits
+// after the math).
 template <bool kFp8, int G>
 struct Group {
   uint4 w[G][2 * Chunk<kFp8>::kSteps];
@@ -54,9 +55,9 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // anyway; G does not change the order of any sum. MB > 0: at least MB blocks per
 // multiprocessor (3: FP8 groups of one chunk, whose registers then leave room for a third
 // block's loads; a block's time is mostly the latency of its round of loads, and an FP8 block
-// carries half a BF16 block's bytes). W = 16 warps per block (FP8, one row, grids of at most a
-// block per multiprocessor): each warp's share of K halves, and the math after the wait runs at
-// four warps per scheduler instead of two. KS = 2 (sm_90+): a tile's K is split over a cluster of
+// carries half a BF16 block's bytes). W = 16 warps per block (up to 8 rows; by default where the
+// grid is about one block per multiprocessor): each warp's share of K halves, and the math after
+// the wait runs at four warps per scheduler instead of two. KS = 2 (sm_90+): a tile's K is split over a cluster of
 // two blocks (block h's warps are the tile's warps h W .. h W + W - 1), so that grids of a few
 // more tiles than multiprocessors (4B o_proj and down: 160) run as one wave of half tiles at
 // three blocks per multiprocessor; block 1 sends its sums to block 0 (st.async, counted on block
