@@ -149,13 +149,13 @@ Status run_bench(const BenchOptions& o) {
       std::stringstream in(o.skinny);
       std::string item;
       while (std::getline(in, item, ',')) v.push_back(std::atoi(item.c_str()));
-      int* fields[] = {&opts.skinny.variant, &opts.skinny.depth,  &opts.skinny.split,  &opts.skinny.group,
-                       &opts.skinny.prewait, &opts.skinny.blocks, &opts.skinny.only_n, &opts.skinny.stage,
-                       &opts.skinny.warps,   &opts.skinny.widen};
+      int* fields[] = {&opts.skinny.variant, &opts.skinny.depth,   &opts.skinny.split,
+                       &opts.skinny.group,   &opts.skinny.prewait, &opts.skinny.blocks,
+                       &opts.skinny.only_n,  &opts.skinny.stage,   &opts.skinny.warps};
       if (v.empty() || v.size() > std::size(fields))
         return invalid_argument(
             "--cuda-skinny " + o.skinny +
-            ": expected variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage[,warps[,widen]]]]]]]]]");
+            ": expected variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage[,warps]]]]]]]]");
       for (size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
     }
     opts.fused_decode = o.fused_decode;
@@ -678,7 +678,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--cuda-skinny", o->skinny,
                  "Decode Linear kernel override: "
-                 "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage[,warps[,widen]]]]]]]]] "
+                 "variant[,depth[,split[,group[,prewait[,blocks[,outputs[,stage[,warps]]]]]]]] "
                  "(benchmarks; outputs > 0: only Linears of that many outputs)");
   app.add_flag("--fused-decode", o->fused_decode,
                "CUDA, experimental: run one-sequence decode steps as one persistent kernel (sm_90+)");

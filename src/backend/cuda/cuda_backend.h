@@ -86,9 +86,6 @@ struct SkinnyTuning {
   int stage = 0;
   // One-tile kernel up to 8 rows: warps per block, 8 or 16 (0: the default for the shape).
   int warps = 0;
-  // One-tile kernel, FP8 groups of one chunk, both before the PDL wait: 1 = the first chunk
-  // widened to BF16 before the wait.
-  int widen = 0;
 };
 
 struct CudaBackendOptions {

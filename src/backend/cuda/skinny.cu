@@ -62,14 +62,11 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
 // more tiles than multiprocessors (4B o_proj and down: 160) run as one wave of half tiles at
 // three blocks per multiprocessor; block 1 sends its sums to block 0 (st.async, counted on block
 // 0's mbarrier), which adds them to its own and stores.
-// PW (FP8, groups of one, both issued before the wait): the first chunk is widened to BF16 before
-// the PDL wait, while the previous kernel runs, so that less of the math is left after it.
-template <bool kFp8, int G, int NT, int PRO, int MB = 0, int W = kWarps, int KS = 1, bool PW = false>
+template <bool kFp8, int G, int NT, int PRO, int MB = 0, int W = kWarps, int KS = 1>
 __global__ void __launch_bounds__(W * 32, MB > 0                             ? MB
                                           : W == kWarps && NT <= 2 && G <= 2 ? 2
                                                                              : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
-  static_assert(!PW || (kFp8 && G == 1), "widening ahead takes FP8 groups of one chunk");
   static_assert(KS == 1 || (KS == 2 && NT == 1), "a cluster pair takes up to 8 rows");
   constexpr int WT = W * KS;       // warps over the tile's K
   constexpr int kStride = WT * G;  // chunks per round of the WT warps
@@ -105,27 +102,11 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
-  WideChunk wide;
-  if constexpr (PW) widen_chunk(wa.w[0], wide);
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
-  if constexpr (PW) {  // the first chunk, widened ahead; then the loop from buffer B on
-    if (c < nchunks) {
-      float part[NT][4];
-      chunk_mma<kFp8, NT, PRO, true>(p, c, t, g, wa.w[0], pro_smem, part, &wide);
-      accumulate_scaled(acc, part, wa.sa[0], wa.sb[0]);
-      if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
-      c += kStride;
-    }
-    if (c < nchunks) {
-      consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc);
-      if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
-      c += kStride;
-    }
-  }
   while (c < nchunks) {
     consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc);
     if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
@@ -161,9 +142,8 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   }
 }
 
-template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1, bool PW = false>
+template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1>
 void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, int prewait) {
-  if constexpr (PW) QVL_CHECK_EQ(prewait, 2) << "skinny_linear: widening ahead needs both groups before the wait";
   const dim3 grid(ceil_div(p.N, kRows) * KS), block(W * 32);
   auto go = [&](const char* name, auto kernel, size_t smem) {
     launch_clustered(ctx, name, KS, kernel, grid, block, smem, p, prewait);
@@ -171,18 +151,16 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
     if (pro == SkinnyPrologue::kRmsNorm)
-      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W, KS, PW>,
-         prologue_bytes(p));
+      go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W, KS>, prologue_bytes(p));
     else
-      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS, PW>,
-         prologue_bytes(p));
+      go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS>, prologue_bytes(p));
     return;
   }
   constexpr int kN = SkinnyPrologue::kNone;
-  if constexpr (G > 2 || MB > 0 || W != kWarps || KS > 1 || PW) {
+  if constexpr (G > 2 || MB > 0 || W != kWarps || KS > 1) {
     QVL_CHECK_LE(p.n, 8) << "skinny_linear: groups of " << G << ", " << MB << " blocks per multiprocessor, " << W
                          << " warps, " << KS << " blocks per tile take at most 8 rows";
-    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB, W, KS, PW>, 0);
+    go("skinny_linear", skinny_kernel<kFp8, G, 1, kN, MB, W, KS>, 0);
   } else {
     switch ((p.n + 7) / 8) {
       case 1:
@@ -315,9 +293,6 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     }
     if (!fp8_few) t.group = std::min(t.group, fp8 ? 2 : 1);
     if (t.prewait == 0) t.prewait = p.n == 1 ? 2 : 1;
-    // widen 1: FP8 groups of one chunk, both before the wait, 8 warps, no pair: the first chunk
-    // is widened before the wait (2: never). Forced only.
-    if (t.widen == 1 && !(fp8 && t.group == 1 && t.prewait == 2 && t.warps != 16 && t.split != 2)) t.widen = 0;
     QVL_CHECK(t.group >= 1 && t.group <= 5 && (t.group == 1 || fp8) && (t.prewait == 1 || t.prewait == 2))
         << "skinny group " << t.group << ", prewait " << t.prewait;
     QVL_CHECK(t.blocks == 0 || t.blocks == 3) << "skinny blocks " << t.blocks;
@@ -336,10 +311,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   return t;
 }
 
-template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1, bool PW = false>
+template <bool kFp8, int G, int MB = 0, int W = kWarps, int KS = 1>
 void allow_staged_silu() {
   constexpr int bytes = static_cast<int>(2 * kFusedPrologueMaxBytes);
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS, PW>,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
@@ -359,8 +334,6 @@ void configure_skinny(int ring_smem) {
   allow_staged_silu<true, 5>();
   allow_staged_silu<true, 1, 3>();
   allow_staged_silu<true, 1, 3, kWarps, 2>();
-  allow_staged_silu<true, 1, 3, kWarps, 1, true>();
-  allow_staged_silu<true, 1, 0, kWarps, 1, true>();
   allow_staged_silu<false, 1, 0, 16>();
   allow_staged_silu<true, 1, 0, 16>();
   allow_staged_silu<true, 2, 0, 16>();
@@ -464,8 +437,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3 && tune.split == 2)
       launch_nt<true, 1, 3, kWarps, 2>(ctx, p, pro.kind, tune.prewait);
-    else if (tune.blocks == 3 && tune.widen == 1)
-      launch_nt<true, 1, 3, kWarps, 1, true>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
       launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16 && tune.group == 2)
@@ -480,8 +451,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
       launch_nt<true, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 2)
       launch_nt<true, 2>(ctx, p, pro.kind, tune.prewait);
-    else if (tune.widen == 1)
-      launch_nt<true, 1, 0, kWarps, 1, true>(ctx, p, pro.kind, tune.prewait);
     else
       launch_nt<true, 1>(ctx, p, pro.kind, tune.prewait);
   } else {

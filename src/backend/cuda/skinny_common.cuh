@@ -298,18 +298,10 @@ __device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int r
 
 // part = this lane's C fragments of chunk c (rows g, g+8 of the 16-row tile whose weights the
 // lane holds in w; tokens 8j+2t, 8j+2t+1), before the chunk's block scale.
-// A chunk's FP8 weights widened ahead (widen_chunk): [step][row a, b][8 bf16 pairs].
-using WideChunk = uint32_t[Chunk<true>::kSteps][2][8];
-__device__ __forceinline__ void widen_chunk(const uint4 (&w)[2 * Chunk<true>::kSteps], WideChunk& wide) {
-#pragma unroll
-  for (int s = 0; s < Chunk<true>::kSteps; ++s) widen_fp8_rows(w[2 * s], w[2 * s + 1], wide[s][0], wide[s][1]);
-}
-
-// kWidened (FP8): the chunk's weights come widened in `wide` (w unused).
-template <bool kFp8, int NT, int PRO, bool kWidened = false>
+template <bool kFp8, int NT, int PRO>
 __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, int g,
                                           const uint4 (&w)[2 * Chunk<kFp8>::kSteps], const PrologueSmem& pro_smem,
-                                          float (&part)[NT][4], const WideChunk* wide = nullptr) {
+                                          float (&part)[NT][4]) {
   using C = Chunk<kFp8>;
   constexpr int E = C::kElems;
   constexpr int S = C::kSteps;
@@ -332,15 +324,7 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
     }
     if (kFp8) {
       uint32_t wa[8], wb[8];
-      if constexpr (kWidened) {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          wa[q] = (*wide)[s][0][q];
-          wb[q] = (*wide)[s][1][q];
-        }
-      } else {
-        widen_fp8_rows(w[2 * s], w[2 * s + 1], wa, wb);
-      }
+      widen_fp8_rows(w[2 * s], w[2 * s + 1], wa, wb);
       // mma i covers physical columns 4i..4i+3 of the lane's 16.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
