@@ -277,13 +277,14 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     if (!fp8_few) t.blocks = 0;
     if (t.blocks == 3) t.group = 1;
     // 16 warps per block: up to 8 rows, groups of one chunk (BF16) or of one or two (FP8: two
-    // where the warps' first chunks do not cover K). By default up to 4 rows where the grid holds
-    // one block per multiprocessor and fills over half of them (2B o_proj and down: 128 tiles).
-    // There a block's K share after the PDL wait runs at two warps per scheduler with 8 warps;
-    // qvl bench A/B on an H100 (bench/RESULTS.md run 26), step at batch 1 / 4: 2B BF16 -2.1 /
-    // -0.4%, 2B FP8 -1.5 / -0.6%. 4B's 160-tile o_proj and down, whose 16-warp blocks no longer
-    // fit two per multiprocessor, measured +4.5 / +6.8%.
-    if (t.warps == 0 && t.group == 0 && t.blocks == 0 && p.n <= 4 && tiles <= ctx.num_sms && 2 * tiles > ctx.num_sms)
+    // where the warps' first chunks do not cover K). By default up to 4 rows (FP8: 8) where the
+    // grid holds one block per multiprocessor and fills over half of them (2B o_proj and down: 128
+    // tiles). There a block's K share after the PDL wait runs at two warps per scheduler with 8
+    // warps; qvl bench A/B on an H100 (bench/RESULTS.md runs 26, 31), step at batch 1 / 4 / 6 / 8:
+    // 2B BF16 -2.1 / -0.4 / +0.1 / +0.4%, 2B FP8 -1.5 / -0.6 / -1.2 / -0.8%. 4B's 160-tile o_proj
+    // and down, whose 16-warp blocks no longer fit two per multiprocessor, measured +4.5 / +6.8%.
+    if (t.warps == 0 && t.group == 0 && t.blocks == 0 && p.n <= (fp8 ? 8 : 4) && tiles <= ctx.num_sms &&
+        2 * tiles > ctx.num_sms)
       t.warps = 16;
     if (p.n > 8 || t.blocks == 3) t.warps = 0;
     if (t.warps == 16) t.group = !fp8 || t.group == 1 || nchunks <= 16 ? 1 : 2;
