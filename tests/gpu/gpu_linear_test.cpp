@@ -471,7 +471,9 @@ TEST(GpuOps, LinearSkinnyFp8BlockShapes) {
 }
 
 // The bulk-copy ring kernel (SkinnyTuning::variant 3, sm_90+), forced: against the CPU oracle,
-// and the same bits as the default kernels. Whole tiles and row segments of 8, 16 and 32 chunks
+// and the same bits as the default kernels with 8 warps per block (the ring's consumers take the
+// chunks of a tile as the 8 warps of a one-tile block do; 16-warp blocks, the default for some
+// shapes, add in another order). Whole tiles and row segments of 8, 16 and 32 chunks
 // (ending mid-K at K = 2560, 9728 and in a short chunk at 1008), rings of 2 stages that wrap many
 // times, one and two blocks per multiprocessor; N = 300, 584 and 48 end in a partial tile (whole
 // tiles leave its missing rows uncopied); 1, 5 and 8 rows.
@@ -494,6 +496,10 @@ TEST(GpuOps, LinearSkinnyRing) {
   struct Ring {
     int depth, mode, group, blocks;
   };
+  CudaBackendOptions eight;
+  eight.skinny.warps = 8;
+  auto base = make_cuda_backend(eight);
+  ASSERT_TRUE(base.is_ok()) << base.status().to_string();
   // mode 1: whole tiles (K = 9728 does not fit two: rows), 2: row segments of 8 * group chunks.
   for (const Ring r :
        {Ring{0, 0, 0, 1}, Ring{0, 1, 0, 1}, Ring{2, 1, 0, 2}, Ring{2, 2, 1, 1}, Ring{0, 2, 4, 1}, Ring{3, 2, 2, 2}}) {
@@ -511,12 +517,12 @@ TEST(GpuOps, LinearSkinnyRing) {
       SCOPED_TRACE(describe(c));
       const std::mt19937 seed = rng();
       std::vector<float> a, b;
-      run_case(c, *cuda(), Expect::kAny, &a);
+      run_case(c, **base, Expect::kAny, &a);
       rng() = seed;  // the same weights and inputs for both
       run_case(c, **ring, Expect::kAny, &b);
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
-                                      << " outputs differ between the default kernels and the ring";
+                                      << " outputs differ between the 8-warp default kernels and the ring";
     }
   }
 }
