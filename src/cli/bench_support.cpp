@@ -249,9 +249,10 @@ SampledSteps time_sampled_steps(Backend& be, const Tensor& logits, const Tensor&
       rows[static_cast<size_t>(i)] = bf16_to_float(bits[static_cast<size_t>(i)]);
   };
   // The first sampling failure (non-finite logits, say, where a measurement left kernels out),
-  // rethrown outside the OpenMP regions, which an exception must not leave.
+  // rethrown outside the OpenMP regions, which an exception must not leave. `sample` is any
+  // callable (a template parameter: no std::function wrapped around every row of a timed step).
   std::string failure;
-  auto sample_row = [&](int64_t b, const std::function<int32_t()>& sample) {
+  auto sample_row = [&](int64_t b, auto&& sample) {
     try {
       tokens[static_cast<size_t>(b)] = sample();
     } catch (const std::exception& e) {
