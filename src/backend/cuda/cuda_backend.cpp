@@ -8,8 +8,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,11 +71,6 @@ Status CudaBackend::init() {
     QVL_ASSIGN_OR_RETURN(decode_trace_, allocate(bytes, "decode attention trace"));
     QVL_CUDA_OK(cudaMemset(decode_trace_.data(), 0, bytes));
     ctx_.decode_trace = static_cast<unsigned long long*>(decode_trace_.data());
-  }
-  if (const char* e = std::getenv("QVL_L2_LOOKAHEAD")) {
-    int cap_mib = 0;
-    if (std::sscanf(e, "%d,%d,%d", &l2_when_, &l2_mask_, &cap_mib) == 3) l2_cap_ = size_t(cap_mib) << 20;
-    log_warn("CUDA backend: L2 look-ahead " + std::string(e));
   }
   skip_rules_ = cuda::parse_skip_rules(options_.skip_kernels);
   if (!skip_rules_.empty() || options_.decode_attention_exit != 0) {

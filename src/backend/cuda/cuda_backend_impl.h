@@ -257,21 +257,6 @@ class CudaBackend final : public Backend {
   // (4B FP8, keys done better); on an H200 4B FP8 measured keys-done better as well (2.615
   // against 2.680 ms), where 2.8 us of its bandwidth (13.4 MB) would have chosen the exit.
   static constexpr double kEarlyLaunchBytes = 9.4e6;
-  // L2 look-ahead (experiment: QVL_L2_LOOKAHEAD=when,mask,cap_mib): each Linear's successor in
-  // the order of the last linear() calls, by weight, with its role (bit 1: its x is SiLU·mul's,
-  // 2: RMSNorm's with N >= 3 K (gate_up, lm_head), 4: RMSNorm's otherwise (qkv), 8: the decode
-  // attention's (o_proj)); a decode Linear whose successor's role is in the mask has its blocks
-  // prefetch up to cap bytes of the successor's weights into L2 (cuda::L2Next).
-  struct NextLinear {
-    const void* ptr = nullptr;
-    size_t bytes = 0;
-    int role = 0;
-  };
-  std::map<const void*, NextLinear> next_linear_;
-  const void* last_linear_ = nullptr;
-  int l2_when_ = 0, l2_mask_ = 0;
-  size_t l2_cap_ = 0;
-  cuda::L2Next l2_next_for(const LinearWeight& w) const;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;

@@ -212,24 +212,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 }
 
 // ---- Linear ----
-cuda::L2Next CudaBackend::l2_next_for(const LinearWeight& w) const {
-  if (l2_when_ == 0 || w.parts.size() != 1) return {};
-  const auto it = next_linear_.find(w.parts[0].weight.data);
-  if (it == next_linear_.end() || (it->second.role & l2_mask_) == 0) return {};
-  return {it->second.ptr, std::min(it->second.bytes, l2_cap_), l2_when_};
-}
-
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
-  if (l2_when_ != 0 && w.parts.size() == 1) {
-    const int role = pending_.kind == Pending::kSiluMul ? 1
-                     : pending_.kind == Pending::kRmsNorm
-                         ? (w.out_features >= 3 * w.in_features ? 2 : 4)
-                         : (attn_.active && x.data == attn_.out.data ? 8 : 0);
-    const void* me = w.parts[0].weight.data;
-    if (last_linear_ != nullptr && last_linear_ != me)
-      next_linear_[last_linear_] = {me, static_cast<size_t>(w.parts[0].weight.nbytes()), role};
-    last_linear_ = me;
-  }
   if (attn_.active) launch_decode_attention(x.data == attn_.out.data ? &w : nullptr);
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
@@ -249,7 +232,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
       pending_ = {};
       if (ctx_.profiler)
         note_linear(out, x, w, ep, pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm" : " +silu_mul");
-      cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro, l2_next_for(w));
+      cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
       return;
     }
     flush();
@@ -265,7 +248,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
   if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
-    cuda::launch_skinny_linear(ctx_, out, x, w, ep, {}, l2_next_for(w));
+    cuda::launch_skinny_linear(ctx_, out, x, w, ep);
     return;
   }
   if (skinny_ok && fp8 && n <= kSkinnyFp8MaxRows) {

@@ -169,17 +169,8 @@ inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
 inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
   return (out_features + 15) / 16 <= 8LL * num_sms;
 }
-// L2 look-ahead: bytes from ptr (16-byte aligned; bytes a multiple of 16) that the one-tile and
-// ring kernels' blocks together bulk-prefetch into L2 at point `when` (1: before the PDL wait,
-// 2: after it, 3: after the math; 0: none): the weights of the Linear that comes next, whose
-// blocks cannot be resident while this one's are.
-struct L2Next {
-  const void* ptr = nullptr;
-  size_t bytes = 0;
-  int when = 0;
-};
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro = {}, const L2Next& next = {});
+                          const Epilogue& ep, const SkinnyPrologue& pro = {});
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
 // kFusedPrologueMaxBytes of shared memory, and the ring kernels take up to ring_smem
 // (LaunchContext::ring_smem; 0: none), per backend, before any launch.

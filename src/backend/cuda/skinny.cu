@@ -102,10 +102,8 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
-  l2_lookahead(p, 1);
   grid_dep_wait();
   grid_dep_launch();
-  l2_lookahead(p, 2);
   run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
@@ -118,7 +116,6 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
     if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
-  l2_lookahead(p, 3);
 
   if constexpr (KS == 1) {
     reduce_tile_and_store<NT, W>(p, red, acc, row0);
@@ -344,7 +341,7 @@ void configure_skinny(int ring_smem) {
 }
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro, const L2Next& next) {
+                          const Epilogue& ep, const SkinnyPrologue& pro) {
   QVL_CHECK_EQ(w.parts.size(), 1u) << "skinny_linear needs a merged (device) weight";
   const Tensor& weight = w.parts[0].weight;
   const bool fp8 = weight.dtype == DType::kF8E4M3;
@@ -422,12 +419,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     const bool block_rows = scale.dim(0) == (N + kChunk - 1) / kChunk;
     QVL_CHECK(block_rows || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
     p.scale_row_shift = block_rows ? kChunkShift : 0;
-  }
-  if (next.when != 0 && next.bytes >= 16) {
-    QVL_CHECK(reinterpret_cast<uintptr_t>(next.ptr) % 16 == 0) << "L2 look-ahead at an unaligned address";
-    p.l2_next = static_cast<const char*>(next.ptr);
-    p.l2_bytes = next.bytes & ~size_t{15};
-    p.l2_when = next.when;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
   // configure_skinny lets the kernels take the doubled bytes.

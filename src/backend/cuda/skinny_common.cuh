@@ -71,22 +71,7 @@ struct SkinnyParams {
   bool norm_w_f32;
   float eps;
   bool silu_staged;  // kSiluMul: gate and up copied into shared memory first (prologue_bytes doubles)
-  // L2 look-ahead (L2Next, kernels.h): the blocks together bulk-prefetch l2_bytes from l2_next
-  // into L2 at point l2_when (1: before the PDL wait, 2: after it, 3: after the math; 0: never).
-  const char* l2_next;
-  uint64_t l2_bytes;
-  int l2_when;
 };
-
-// Block blockIdx.x's slice of the look-ahead, by one thread, where `point` is p.l2_when.
-__device__ __forceinline__ void l2_lookahead(const SkinnyParams& p, int point) {
-  if (p.l2_when != point || threadIdx.x != 0) return;
-  const uint64_t slice = ((p.l2_bytes + gridDim.x - 1) / gridDim.x + 15) & ~uint64_t{15};
-  const uint64_t off = slice * blockIdx.x;
-  if (off >= p.l2_bytes) return;
-  const uint32_t bytes = static_cast<uint32_t>(min(slice, p.l2_bytes - off));
-  QVL_SM90(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.l2_next + off), "r"(bytes) : "memory"));
-}
 
 // Shared state of the prologues: 1/rms of each row for kRmsNorm, and the per-warp partial
 // sums of squares it is reduced from.

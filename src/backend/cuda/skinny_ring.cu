@@ -112,10 +112,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   PrologueWeights pw;
   prefetch_prologue<PRO>(p, pw);
   __syncthreads();  // the barriers' initialisation
-  l2_lookahead(p, 1);
   grid_dep_wait();
   grid_dep_launch();
-  l2_lookahead(p, 2);
   run_prologue<PRO>(p, pro_smem, pw);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
@@ -172,7 +170,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     reduce_tile_and_store<1>(p, red[ti & 1], acc, row0);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   }
-  l2_lookahead(p, 3);
 }
 
 // Tiles of at most this many bytes stream as whole tiles by default (one copy each).
