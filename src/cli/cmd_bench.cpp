@@ -89,6 +89,7 @@ struct BenchOptions {
   int skinny_bf16_max_rows = -1;         // A/B: BF16 Linears of at most this many rows take the skinny kernels
   int fused_rms_rows = -1;               // A/B: RMSNorm as a Linear prologue up to this many rows
   int fused_silu_rows = -1;              // A/B: SiLU·mul as a Linear prologue up to this many rows
+  int silu_epilogue_rows = -1;           // A/B: SiLU·mul as gate_up's epilogue up to this many rows
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -163,6 +164,7 @@ Status run_bench(const BenchOptions& o) {
     if (o.skinny_bf16_max_rows >= 0) opts.skinny_bf16_max_rows = o.skinny_bf16_max_rows;
     if (o.fused_rms_rows >= 0) opts.fused_rms_norm_max_rows = o.fused_rms_rows;
     if (o.fused_silu_rows >= 0) opts.fused_silu_mul_max_rows = o.fused_silu_rows;
+    if (o.silu_epilogue_rows >= 0) opts.silu_mul_epilogue_max_rows = o.silu_epilogue_rows;
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
@@ -554,7 +556,8 @@ Status run_bench(const BenchOptions& o) {
                           {"dequant_linears", f.dequant},
                           {"skinny_wide_launches", f.skinny_wide},
                           {"skinny_16_warp_launches", f.skinny_16_warps},
-                          {"skinny_pair_launches", f.skinny_pairs}};
+                          {"skinny_pair_launches", f.skinny_pairs},
+                          {"skinny_glu_launches", f.skinny_glu}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -637,6 +640,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--fused-silu-mul-max-rows", o->fused_silu_rows,
                  "CUDA A/B: SiLU·mul runs inside the Linear that reads it up to this many rows, as its own kernel "
                  "past it (1)")
+      ->check(CLI::Range(0, 8));
+  app.add_option("--silu-mul-epilogue-max-rows", o->silu_epilogue_rows,
+                 "CUDA A/B: SiLU·mul runs in the epilogue of the gate_up Linear before it up to this many rows (8)")
       ->check(CLI::Range(0, 8));
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");

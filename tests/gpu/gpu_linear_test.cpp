@@ -843,5 +843,112 @@ TEST(GpuOps, LinearFusedPrologues) {
   }
 }
 
+// SiLU·mul as the SwiGLU epilogue of the gate_up Linear before it (CudaBackendOptions::
+// silu_mul_epilogue_max_rows; each 16-row tile pairs 8 gate rows with their 8 up rows):
+// rms_norm -> linear(gate_up) -> silu_mul -> linear(down, residual in place) against the CPU
+// oracle, and gate_up's and SiLU·mul's outputs bit for bit those of the same kernels with the
+// epilogue off (every row's sum is unchanged), the launch counter showing which launches took it.
+// Kernels: the defaults, 16 warps, three FP8 blocks per multiprocessor, the ring (BF16 whole tiles
+// and row segments; FP8 rings fall back to a separate SiLU·mul) and cluster pairs (FP8: the
+// fallback). I = 1536 (192 tiles); I = 1000, whose up rows start inside a 128-row FP8 scale block
+// (so a tile's gate and up rows take different scale rows); I = 1004 (I % 8 != 0: no epilogue);
+// 9 rows: past the epilogue's 8.
+TEST(GpuOps, LinearSiluMulEpilogue) {
+  QVL_REQUIRE_CUDA();
+  struct Config {
+    const char* name;
+    SkinnyTuning tune;
+    bool bf16_takes, fp8_takes;  // whether the epilogue runs in the Linear
+    bool sm90;                   // needs sm_90 (else skipped)
+  };
+  const std::vector<Config> configs = {
+      {"defaults", {}, true, true, false},
+      {"16 warps", {.variant = 1, .warps = 16}, true, true, false},
+      {"3 blocks", {.variant = 1, .blocks = 3}, true, true, false},
+      {"ring, whole tiles", {.variant = 3, .split = 1}, true, false, true},
+      {"ring, row segments", {.variant = 3, .split = 2, .group = 1}, true, false, true},
+      {"cluster pairs", {.variant = 1, .split = 2}, true, false, true},
+  };
+  for (const Config& cfg : configs) {
+    if (cfg.sm90 && !is_sm90()) continue;
+    SCOPED_TRACE(cfg.name);
+    CudaBackendOptions on, off;
+    on.skinny = off.skinny = cfg.tune;
+    off.silu_mul_epilogue_max_rows = 0;
+    auto epi = make_cuda_backend(on);
+    auto sep = make_cuda_backend(off);
+    ASSERT_TRUE(epi.is_ok() && sep.is_ok());
+    for (bool fp8 : {false, true}) {
+      for (int64_t I : {1536, 1000, 1004}) {
+        for (int64_t n : {1, 3, 8, 9}) {
+          Scratch s;
+          const int64_t K = 2048, D = 512;
+          std::vector<HostPart> keep;
+          keep.reserve(2);
+          auto load = [&](int64_t rows, int64_t cols) {
+            keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
+            HostPart& h = keep.back();
+            LinearPart lp;
+            if (fp8) {
+              lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {rows, cols});
+              lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
+            } else {
+              lp.weight = Tensor(h.bf16.data(), DType::kBF16, {rows, cols});
+            }
+            return std::make_tuple(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
+                                   (**epi).load_linear({&lp, 1}, Tensor(), 128).value(),
+                                   (**sep).load_linear({&lp, 1}, Tensor(), 128).value());
+          };
+          auto [guc, gue, gus] = load(2 * I, K);
+          auto [dnc, dne, dns] = load(D, I);
+          const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + " K2048 I" +
+                                    std::to_string(I) + " " + cfg.name;
+          SCOPED_TRACE(shape);
+          std::vector<float> nw = random_values(K, 0.2f);
+          for (auto& v : nw) v += 1.0f;
+          Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
+          Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+          const std::vector<float> res0 = random_values(n * D);
+          const std::vector<float> fill(static_cast<size_t>(n * 2 * I), -1.0f);
+          Pair h = activation(s, {n, K}, std::vector<float>(fill.begin(), fill.begin() + n * K));
+          Pair gu = activation(s, {n, 2 * I}, fill);
+          Pair a = activation(s, {n, I}, std::vector<float>(fill.begin(), fill.begin() + n * I));
+          Pair xr = activation(s, {n, D}, res0);
+          // The epilogue-off run's outputs, on cuda()'s memory beside the pair's.
+          Tensor h2 = s.alloc(*cuda(), DType::kBF16, {n, K}), gu2 = s.alloc(*cuda(), DType::kBF16, {n, 2 * I});
+          Tensor a2 = s.alloc(*cuda(), DType::kBF16, {n, I}), xr2 = s.alloc(*cuda(), DType::kBF16, {n, D});
+          cuda()->copy_to_device(xr2, to_bf16_bits(res0).data());
+          cuda()->synchronize();
+          cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+          cpu().linear(gu.c, h.c, guc, {});
+          cpu().silu_mul(a.c, gu.c);
+          cpu().linear(xr.c, a.c, dnc, {Activation::kNone, xr.c});
+          auto chain = [&](Backend& be, const LinearWeight& wgu, const LinearWeight& wdn, Tensor hh, Tensor g,
+                           Tensor aa, Tensor out) {
+            be.rms_norm(hh, x.g, norm_w.g, 1e-6f);
+            be.linear(g, hh, wgu, {});
+            be.silu_mul(aa, g);
+            be.linear(out, aa, wdn, {Activation::kNone, out});
+            be.synchronize();
+          };
+          const int64_t before = cuda_fp8_gemm_counts(**epi).skinny_glu;
+          chain(**epi, gue, dne, h.g, gu.g, a.g, xr.g);
+          const bool takes = (fp8 ? cfg.fp8_takes : cfg.bf16_takes) && n <= 8 && I % 8 == 0;
+          EXPECT_EQ(cuda_fp8_gemm_counts(**epi).skinny_glu - before, takes ? 1 : 0);
+          const int64_t off_before = cuda_fp8_gemm_counts(**sep).skinny_glu;
+          chain(**sep, gus, dns, h2, gu2, a2, xr2);
+          EXPECT_EQ(cuda_fp8_gemm_counts(**sep).skinny_glu, off_before);
+          EXPECT_TRUE(compare_pair("silu_mul epilogue: gate_up", shape, gu, tol::kGpuLinear));
+          EXPECT_TRUE(compare_pair("silu_mul epilogue: silu_mul", shape, a, tol::kGpuLinear));
+          EXPECT_TRUE(compare_pair("silu_mul epilogue: down +res", shape, xr, tol::kGpuLinear));
+          EXPECT_EQ(bits_differ(download(*cuda(), gu.g), download(*cuda(), gu2)), 0) << "gate_up, epilogue on / off";
+          EXPECT_EQ(bits_differ(download(*cuda(), a.g), download(*cuda(), a2)), 0) << "silu_mul, epilogue on / off";
+          EXPECT_EQ(bits_differ(download(*cuda(), xr.g), download(*cuda(), xr2)), 0) << "down, epilogue on / off";
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

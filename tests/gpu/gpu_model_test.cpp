@@ -254,5 +254,37 @@ TEST(GpuModel, SixteenWarpAndPairDecodeLinearsMatchTheOracle) {
   }
 }
 
+// SiLU·mul as gate_up's SwiGLU epilogue (the default up to kSkinnyGluMaxRows rows) in the
+// engine's decode over the tiny presets, graphs and all: the logits bit for bit those with the
+// epilogue off (SiLU·mul then in down's prologue, or its own kernel), within the oracle's
+// tolerance of the CPU, and the epilogue counted in every step's layers.
+TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
+  QVL_REQUIRE_CUDA();
+  for (const std::string preset : {"tiny", "tiny-fp8"}) {
+    const ModelConfig cfg = preset_config(preset).value();
+    const std::string dir = scratch_dir("gpu_glu_" + preset);
+    ASSERT_TRUE(generate_tiny(cfg, 11, dir).is_ok());
+    SCOPED_TRACE(preset);
+    CudaBackendOptions off;
+    off.silu_mul_epilogue_max_rows = 0;
+    auto on_be = make_cuda_backend({});
+    auto off_be = make_cuda_backend(off);
+    ASSERT_TRUE(on_be.is_ok() && off_be.is_ok());
+    Loaded c = load(cpu(), dir, cfg), on = load(**on_be, dir, cfg), no = load(**off_be, dir, cfg);
+    ASSERT_TRUE(c.model && on.model && no.model);
+    const int n = 40;
+    const int64_t before = cuda_fp8_gemm_counts(**on_be).skinny_glu;
+    const std::vector<float> got = run_decode(*on.model, n);
+    EXPECT_GE(cuda_fp8_gemm_counts(**on_be).skinny_glu - before, static_cast<int64_t>(cfg.text.num_hidden_layers))
+        << "gate_up launches with the SiLU·mul epilogue";
+    const std::vector<float> unfused = run_decode(*no.model, n);
+    EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).skinny_glu, 0);
+    ASSERT_EQ(got.size(), unfused.size());
+    EXPECT_EQ(bits_differ(got, unfused), 0) << "of " << got.size() << " decode logits differ, epilogue on / off";
+    EXPECT_TRUE(compare("decode logits, SiLU·mul epilogue", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

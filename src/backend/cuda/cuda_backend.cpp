@@ -39,6 +39,7 @@ Status CudaBackend::init() {
   fusion_ = options_.fuse_prologues;
   rms_rows_ = std::clamp(options_.fused_rms_norm_max_rows, 0, cuda::kFusedPrologueMaxRows);
   silu_rows_ = std::clamp(options_.fused_silu_mul_max_rows, 0, cuda::kFusedPrologueMaxRows);
+  glu_rows_ = std::clamp(options_.silu_mul_epilogue_max_rows, 0, kSkinnyGluMaxRows);
   ctx_.skinny = options_.skinny;
   skinny_bf16_rows_ = std::clamp(options_.skinny_bf16_max_rows, 0, kSkinnyMaxRows);
   QVL_ASSIGN_OR_RETURN(gemm_ws_, allocate(options_.gemm_workspace_bytes, "cuBLASLt workspace"));
@@ -64,6 +65,7 @@ Status CudaBackend::init() {
   ctx_.wide_launches = &fp8_counts_.skinny_wide;
   ctx_.warps16_launches = &fp8_counts_.skinny_16_warps;
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;
+  ctx_.glu_launches = &fp8_counts_.skinny_glu;
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
@@ -217,6 +219,12 @@ void CudaBackend::layer_norm(Tensor out, const Tensor& x, const Tensor& weight, 
 }
 
 void CudaBackend::silu_mul(Tensor out, const Tensor& gate_up) {
+  if (lin_.active && gate_up.data == lin_.out.data && gate_up.same_shape(lin_.out) && out.dtype == DType::kBF16 &&
+      out.ndim == 2 && out.dim(0) == gate_up.dim(0) && 2 * out.dim(1) == gate_up.dim(1) &&
+      out.data != lin_.x.data && (lin_.pro.kind == cuda::SkinnyPrologue::kNone || out.data != lin_.pro.src.data)) {
+    launch_pending_linear(out);
+    return;
+  }
   flush();
   if (fusion_ && out.dtype == DType::kBF16 && gate_up.dtype == DType::kBF16 && out.ndim == 2 &&
       out.dim(0) <= silu_rows_ && out.dim(1) % 8 == 0 && gate_up.dim(0) == out.dim(0) &&
@@ -412,6 +420,7 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
 }
 
 void CudaBackend::flush() {
+  if (lin_.active) launch_pending_linear({});
   if (attn_.active) launch_decode_attention(nullptr);
   if (prep_.active) {
     PendingPrepare q = prep_;

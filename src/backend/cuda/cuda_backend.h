@@ -40,6 +40,8 @@
 namespace qvl {
 
 inline constexpr int kSkinnyMaxRows = 32;
+// Decode Linears of up to this many rows may take a SiLU·mul that follows as their epilogue.
+inline constexpr int kSkinnyGluMaxRows = 8;
 // FP8 Linears take the skinny kernels in passes of this many rows: one launch of the wide kernel
 // where it takes the shape (skinny_wide.cu, sm_90), else passes of kSkinnyMaxRows.
 inline constexpr int kSkinnyWideMaxRows = 64;
@@ -186,6 +188,10 @@ struct CudaBackendOptions {
   // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.9% without it.
   int fused_rms_norm_max_rows = 4;
   int fused_silu_mul_max_rows = 1;
+  // The most rows (0..kSkinnyGluMaxRows) whose SiLU·mul the gate_up Linear before it computes in
+  // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:
+  // no launch and no prologue for it, and the same bits.
+  int silu_mul_epilogue_max_rows = kSkinnyGluMaxRows;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
   // cuBLASLt's GELU_BIAS epilogue: GELU of the fp32 result, then one BF16 rounding (the reference
   // rounds the Linear's output first). cuBLASLt's GELU is the tanh form (an fp32 probe,
@@ -289,14 +295,16 @@ void cuda_memory_reset_peak(Backend& backend);
 
 // How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
 // was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu), the one-tile
-// kernel's 16-warp blocks (BF16 Linears included) and its cluster pairs had, those recorded into
-// graphs included (tests and benchmarks check which one did).
+// kernel's 16-warp blocks (BF16 Linears included) and its cluster pairs had, and how many decode
+// Linears (BF16 included) took SiLU·mul as their SwiGLU epilogue, those recorded into graphs
+// included (tests and benchmarks check which one did).
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
   int64_t skinny_wide = 0;
   int64_t skinny_16_warps = 0;
   int64_t skinny_pairs = 0;
+  int64_t skinny_glu = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

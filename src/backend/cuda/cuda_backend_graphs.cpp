@@ -36,6 +36,8 @@ void CudaBackend::run_graph(const std::string& key, const std::function<void()>&
     } catch (...) {
       pending_ = {};
       prep_ = {};
+      attn_ = {};
+      lin_ = {};
       cudaGraph_t broken = nullptr;
       cudaStreamEndCapture(stream_, &broken);
       if (broken) cudaGraphDestroy(broken);

@@ -10,7 +10,7 @@
 // through region.h. Everything the ops need beyond their arguments (workspaces, scratch) is
 // allocated in init(), so nothing is allocated while generating.
 //
-// Invariant: at most one op is deferred at a time (pending_ or prep_); every op that does not
+// Invariant: at most one op is deferred at a time (pending_, prep_, attn_ or lin_); every op that does not
 // fuse it calls flush() first, so results never depend on whether a fusion happened.
 #pragma once
 
@@ -202,6 +202,19 @@ class CudaBackend final : public Backend {
     cuda::FusedPrepare prepare;
   };
   void launch_decode_attention(const LinearWeight* next);
+  // A decode Linear whose output may be the gate_up of the silu_mul that follows, deferred to
+  // the next op: silu_mul of its output makes it one launch with the SwiGLU epilogue
+  // (launch_skinny_linear's glu_out); any other op launches it as is first (flush).
+  struct PendingLinear {
+    bool active = false;
+    Tensor out, x;
+    const LinearWeight* w = nullptr;
+    cuda::SkinnyPrologue pro;
+  };
+  // Launches the decode Linear, or defers it (lin_) where a SwiGLU epilogue could follow.
+  void skinny_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep,
+                     const cuda::SkinnyPrologue& pro);
+  void launch_pending_linear(const Tensor& glu_out);
   static bool same_batch(const TextBatch& a, const TextBatch& b) {
     return a.num_seqs == b.num_seqs && a.num_tokens == b.num_tokens && a.max_pages_per_seq == b.max_pages_per_seq &&
            a.query_start.data == b.query_start.data && a.context_len.data == b.context_len.data &&
@@ -244,6 +257,8 @@ class CudaBackend final : public Backend {
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
   PendingAttention attn_;
+  PendingLinear lin_;
+  int glu_rows_ = kSkinnyGluMaxRows;    // CudaBackendOptions::silu_mul_epilogue_max_rows, clamped
   // The decode step table was written by a layer-0 decode attention of this batch and cache, and
   // no layer-0 launch has come since: the later layers read it (launch_decode_attention).
   bool step_table_ready_ = false;

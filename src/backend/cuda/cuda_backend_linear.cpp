@@ -213,6 +213,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 
 // ---- Linear ----
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
+  if (lin_.active) launch_pending_linear({});
   if (attn_.active) launch_decode_attention(x.data == attn_.out.data ? &w : nullptr);
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
@@ -230,9 +231,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
       pro.weight = p.weight;
       pro.eps = p.eps;
       pending_ = {};
-      if (ctx_.profiler)
-        note_linear(out, x, w, ep, pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm" : " +silu_mul");
-      cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
+      skinny_linear(out, x, w, ep, pro);
       return;
     }
     flush();
@@ -243,14 +242,14 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   QVL_CHECK_EQ(x.row_numel(), w.in_features);
   QVL_CHECK_EQ(out.row_numel(), w.out_features);
   if (n == 0) return;
-  if (ctx_.profiler) note_linear(out, x, w, ep, "");
   const bool fp8 = w.is_fp8();
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
   if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
-    cuda::launch_skinny_linear(ctx_, out, x, w, ep);
+    skinny_linear(out, x, w, ep, {});
     return;
   }
+  if (ctx_.profiler) note_linear(out, x, w, ep, "");
   if (skinny_ok && fp8 && n <= kSkinnyFp8MaxRows) {
     for (int64_t r = 0; r < n; r += kSkinnyWideMaxRows) {
       const int64_t e = std::min(n, r + kSkinnyWideMaxRows);
@@ -260,6 +259,32 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
     return;
   }
   gemm_linear(out, x, w, ep);
+}
+
+void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep,
+                                const cuda::SkinnyPrologue& pro) {
+  // A SiLU·mul may follow where the output could be gate_up: out [n, 2 I], I % 8 == 0, nothing
+  // added to it.
+  if (fusion_ && x.dim(0) <= glu_rows_ && w.out_features % 16 == 0 && w.bias.empty() &&
+      ep.act == Activation::kNone && ep.residual.empty() && out.ndim == 2) {
+    lin_ = {true, out, x, &w, pro};
+    return;
+  }
+  if (ctx_.profiler) note_linear(out, x, w, ep, pro.kind == cuda::SkinnyPrologue::kNone      ? ""
+                                                : pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm"
+                                                                                             : " +silu_mul");
+  cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
+}
+
+void CudaBackend::launch_pending_linear(const Tensor& glu_out) {
+  const PendingLinear l = lin_;
+  lin_ = {};
+  if (ctx_.profiler) {
+    std::string extra = l.pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm" : "";
+    if (!glu_out.empty()) extra += " +silu_mul epilogue";
+    note_linear(l.out, l.x, *l.w, {}, extra.c_str());
+  }
+  cuda::launch_skinny_linear(ctx_, l.out, l.x, *l.w, {}, l.pro, glu_out);
 }
 
 void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {

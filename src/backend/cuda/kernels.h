@@ -84,6 +84,7 @@ struct LaunchContext {
   int64_t* wide_launches = nullptr;     // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
   int64_t* warps16_launches = nullptr;  // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
   int64_t* pair_launches = nullptr;     // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
+  int64_t* glu_launches = nullptr;      // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
   OpProfiler* profiler = nullptr;       // non-null while profiling
   SkinnyTuning skinny;
 };
@@ -169,8 +170,12 @@ inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
 inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
   return (out_features + 15) / 16 <= 8LL * num_sms;
 }
+// With glu_out (the SwiGLU epilogue; at most kSkinnyMaxRows rows, no bias, activation or
+// residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out
+// [n, I] = SiLU·mul of out exactly as launch_silu_mul writes it: in the Linear's epilogue where the
+// chosen kernel takes it (one-tile; ring for BF16), else by a launch_silu_mul after it.
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro = {});
+                          const Epilogue& ep, const SkinnyPrologue& pro = {}, const Tensor& glu_out = {});
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
 // kFusedPrologueMaxBytes of shared memory, and the ring kernels take up to ring_smem
 // (LaunchContext::ring_smem; 0: none), per backend, before any launch.

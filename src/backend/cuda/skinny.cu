@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int row0 = (static_cast<int>(blockIdx.x) / KS) * kRows;
+  const int ti = static_cast<int>(blockIdx.x) / KS, row0 = ti * kRows;
   // Rows past N re-read row N-1 (in bounds); their results are never stored.
-  const int ra = min(row0 + g, p.N - 1), rb = min(row0 + g + 8, p.N - 1);
+  const int ra = tile_row(p, ti, g), rb = tile_row(p, ti, g + 8);
   const int nchunks = (p.K + kChunk - 1) / kChunk;
 
   float acc[NT][4];
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   }
 
   if constexpr (KS == 1) {
-    reduce_tile_and_store<NT, W>(p, red, acc, row0);
+    reduce_tile_and_store<NT, W>(p, red, acc, ti);
   } else {
     // The pair's sum per output, in a fixed order: block 0's warps, then block 1's.
     write_partials<NT, W>(red, acc);
@@ -341,7 +341,7 @@ void configure_skinny(int ring_smem) {
 }
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro) {
+                          const Epilogue& ep, const SkinnyPrologue& pro, const Tensor& glu_out) {
   QVL_CHECK_EQ(w.parts.size(), 1u) << "skinny_linear needs a merged (device) weight";
   const Tensor& weight = w.parts[0].weight;
   const bool fp8 = weight.dtype == DType::kF8E4M3;
@@ -421,6 +421,23 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
+  if (!glu_out.empty()) {
+    QVL_CHECK(n <= kSkinnyMaxRows && N % 16 == 0 && p.bias == nullptr && p.residual == nullptr &&
+              ep.act == Activation::kNone)
+        << "skinny_linear: a SwiGLU epilogue for " << n << " x " << N << " outputs with a bias, activation or residual";
+    QVL_CHECK(glu_out.dtype == DType::kBF16 && glu_out.dim(0) == n && glu_out.row_numel() == N / 2 &&
+              glu_out.data != out.data && glu_out.data != x.data)
+        << "skinny_linear: SwiGLU output " << glu_out.describe() << " for " << out.describe();
+    // The one-tile kernel without cluster pairs and the BF16 ring take it; other kernels write
+    // out, and SiLU·mul follows as its own launch.
+    if (!((tune.variant == 1 && tune.split != 2) || (tune.variant == 3 && !fp8))) {
+      launch_skinny_linear(ctx, out, x, w, ep, pro);
+      launch_silu_mul(ctx, glu_out, out);
+      return;
+    }
+    p.glu_out = glu_out.as<bf16>();
+    if (ctx.glu_launches != nullptr) ++*ctx.glu_launches;
+  }
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
   if (tune.variant == 4) {

@@ -71,7 +71,20 @@ struct SkinnyParams {
   bool norm_w_f32;
   float eps;
   bool silu_staged;  // kSiluMul: gate and up copied into shared memory first (prologue_bytes doubles)
+  // SwiGLU epilogue (non-null; the one-tile and ring kernels): W = [gate; up], N = 2 I with
+  // I % 8 == 0, no bias, activation or residual. Tile t takes gate rows 8t.. 8t + 7 as its rows
+  // 0..7 and up rows I + 8t.. as its rows 8..15 (tile_row), so each gate output meets its up
+  // output in the tile's reduction: out gets both, as the Linear alone writes them, and
+  // glu_out[tok, 8t + r] = bf16(bf16(silu(gate)) * up), as silu_mul writes it.
+  bf16* glu_out;
 };
+
+// Row r (0..15) of 16-row tile ti: rows 16 ti + r, or with the SwiGLU epilogue gate row 8 ti + r
+// (r < 8) and up row N / 2 + 8 ti + r - 8. Past N: N - 1 (read, never stored).
+__device__ __forceinline__ int tile_row(const SkinnyParams& p, int ti, int r) {
+  if (p.glu_out != nullptr) return (r < 8 ? 0 : p.N / 2 - 8) + ti * 8 + r;
+  return min(ti * kRows + r, p.N - 1);
+}
 
 // Shared state of the prologues: 1/rms of each row for kRmsNorm, and the per-warp partial
 // sums of squares it is reduced from.
@@ -392,13 +405,37 @@ __device__ __forceinline__ void write_partials(float (&red)[W][kRows][NT * 8 + 1
   }
 }
 
+// The SwiGLU epilogue's outputs of tile ti from the sums of its gate row r and up row r + 8.
+__device__ __forceinline__ void store_glu(const SkinnyParams& p, int ti, int r, int tok, float gate, float up) {
+  const int j = ti * 8 + r, half = p.N / 2;
+  const int64_t o = static_cast<int64_t>(tok) * p.N + j;
+  const float g = bf16_round(gate), u = bf16_round(up);
+  p.out[o] = __float2bfloat16_rn(g);
+  p.out[o + half] = __float2bfloat16_rn(u);
+  p.glu_out[static_cast<int64_t>(tok) * half + j] = __float2bfloat16_rn(bf16_round(silu(g)) * u);
+}
+
 // The end of a 16-row tile: the 8 warps' partial sums meet in `red`, are added in warp order,
-// and each output is stored. Every thread of the block calls it (one barrier).
+// and each output is stored (tile ti's rows, tile_row). Every thread of the block calls it (one
+// barrier).
 template <int NT, int W = kWarps>
 __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[W][kRows][NT * 8 + 1],
-                                                      const float (&acc)[NT][4], int row0) {
+                                                      const float (&acc)[NT][4], int ti) {
   write_partials<NT, W>(red, acc);
   __syncthreads();
+  if (p.glu_out != nullptr) {
+    for (int idx = threadIdx.x; idx < 8 * p.n; idx += W * 32) {
+      const int tok = idx / 8, r = idx % 8;
+      float g = 0.0f, u = 0.0f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) g += red[w][r][tok];
+#pragma unroll
+      for (int w = 0; w < W; ++w) u += red[w][r + 8][tok];
+      store_glu(p, ti, r, tok, g, u);
+    }
+    return;
+  }
+  const int row0 = ti * kRows;
   for (int idx = threadIdx.x; idx < kRows * p.n; idx += W * 32) {
     const int tok = idx / kRows, r = idx % kRows;
     const int row = row0 + r;

@@ -68,9 +68,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   auto issue = [&](int q) {
     const int slot = q % depth;
     const int ti = q / segs, seg = q - ti * segs;
-    const int row0 = (blockIdx.x + ti * gridDim.x) * kRows;
+    const int tile = blockIdx.x + ti * gridDim.x, row0 = tile * kRows;
     char* dst = ring + slot * L.stage_bytes;
     const char* src = static_cast<const char*>(p.w) + static_cast<int64_t>(row0) * row_bytes;
+    if (L.whole_tiles && p.glu_out != nullptr) {
+      // SwiGLU tiles: 8 gate rows and their 8 up rows, two copies (tile_row).
+      const uint32_t bytes = static_cast<uint32_t>(8 * row_bytes);
+      if (lane == 0) {
+        mbar_expect_tx(&full[slot], 2 * bytes);
+        for (int h = 0; h < 2; ++h)
+          bulk_load_evict_first(dst + h * 8 * row_bytes,
+                                static_cast<const char*>(p.w) + static_cast<int64_t>(tile_row(p, tile, 8 * h)) * row_bytes,
+                                bytes, &full[slot]);
+      }
+      return;
+    }
     if (L.whole_tiles) {
       // Rows past N are not copied: their (stale) shared memory only feeds outputs never stored.
       const uint32_t bytes = static_cast<uint32_t>(min(kRows, p.N - row0) * row_bytes);
@@ -85,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     if (lane == 0) mbar_expect_tx(&full[slot], bytes * kRows);
     __syncwarp();
     if (lane < kRows) {
-      const int row = min(row0 + lane, p.N - 1);  // rows past N re-read row N - 1, never stored
+      const int row = tile_row(p, tile, lane);  // rows past N re-read row N - 1, never stored
       bulk_load_evict_first(dst + lane * L.row_stride,
                             static_cast<const char*>(p.w) + static_cast<int64_t>(row) * row_bytes + off, bytes,
                             &full[slot]);
@@ -120,7 +132,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   for (int q = 0; q < total; ++q) {
     const int slot = q % depth;
     const int ti = q / segs, seg = q - ti * segs;
-    const int row0 = (blockIdx.x + ti * gridDim.x) * kRows;
     mbar_wait(&full[slot], (q / depth) & 1);
     const char* stage = ring + slot * L.stage_bytes;
     // Two chunks of the warp at a time (c and c + 8: independent until they join acc, in order),
@@ -167,7 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     }
     if (seg != segs - 1) continue;
     // The tile is complete (red is double-buffered: one barrier per tile).
-    reduce_tile_and_store<1>(p, red[ti & 1], acc, row0);
+    reduce_tile_and_store<1>(p, red[ti & 1], acc, blockIdx.x + ti * gridDim.x);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   }
 }
