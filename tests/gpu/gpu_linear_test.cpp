@@ -843,6 +843,77 @@ TEST(GpuOps, LinearFusedPrologues) {
   }
 }
 
+// RMSNorm's 1/rms applied after the one-tile Linear's sums (SkinnyPrologue::kRmsNormAfter,
+// CudaBackendOptions::rms_norm_after_max_rows): rms_norm -> linear against the CPU oracle (the
+// Linear within kGpuLinear, x as the unfused op writes it within kGpuElementwise), on 1..8 rows,
+// BF16 and FP8, K = 2048, 2560 and 1008 (a short last chunk), N = 1000 (a partial tile) and 4096,
+// (256 tiles: no default cluster pairs on up to 170 multiprocessors), f32 and bf16 norm weights,
+// at the default kernels, 16 warps, three FP8 blocks per multiprocessor and FP8 groups of two
+// chunks; the counter shows every case ran it.
+TEST(GpuOps, LinearRmsNormAfter) {
+  QVL_REQUIRE_CUDA();
+  const std::vector<std::pair<const char*, SkinnyTuning>> tunings = {
+      {"defaults", {}},
+      {"16 warps", {.variant = 1, .warps = 16}},
+      {"3 blocks", {.variant = 1, .blocks = 3}},
+      {"group 2", {.variant = 1, .group = 2, .prewait = 2}},
+  };
+  for (const auto& [name, tune] : tunings) {
+    SCOPED_TRACE(name);
+    CudaBackendOptions o;
+    o.skinny = tune;
+    o.fused_rms_norm_max_rows = o.rms_norm_after_max_rows = 8;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+    Backend& gpu = **be;
+    for (bool fp8 : {false, true}) {
+      for (int64_t K : {2048, 2560, 1008}) {
+        for (int64_t N : {1000, 4096}) {
+          for (int64_t n : {1, 3, 8}) {
+            Scratch s;
+            HostPart hp = make_part(N, K, fp8, 1.0f / std::sqrt(static_cast<float>(K)));
+            LinearPart lp;
+            if (fp8) {
+              lp.weight = Tensor(hp.fp8.data(), DType::kF8E4M3, {N, K});
+              lp.scale_inv = Tensor(hp.scale.data(), DType::kF32, {(N + 127) / 128, (K + 127) / 128});
+            } else {
+              lp.weight = Tensor(hp.bf16.data(), DType::kBF16, {N, K});
+            }
+            const LinearWeight wc = cpu().load_linear({&lp, 1}, Tensor(), 128).value();
+            const LinearWeight wg = gpu.load_linear({&lp, 1}, Tensor(), 128).value();
+            const bool f32_w = K != 2560;
+            const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + " K" +
+                                      std::to_string(K) + " N" + std::to_string(N) + (f32_w ? "" : " bf16 w") + " " +
+                                      name;
+            SCOPED_TRACE(shape);
+            std::vector<float> nw = random_values(K, 0.2f);
+            for (auto& v : nw) v = round_to_bf16(v + 1.0f);  // the same values as f32 and bf16
+            Pair norm_w = f32_w ? same_bytes(s, DType::kF32, {K}, nw.data())
+                                : same_bytes(s, DType::kBF16, {K}, to_bf16_bits(nw).data());
+            if (!f32_w) {  // the CPU takes the bf16 weights as f32 values
+              norm_w.c = s.alloc(cpu(), DType::kF32, {K});
+              cpu().copy_to_device(norm_w.c, nw.data());
+            }
+            Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+            Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
+            Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
+            cuda()->synchronize();
+            cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+            cpu().linear(out.c, h.c, wc, {});
+            const int64_t before = cuda_fp8_gemm_counts(gpu).skinny_rms_after;
+            gpu.rms_norm(h.g, x.g, norm_w.g, 1e-6f);
+            gpu.linear(out.g, h.g, wg, {});
+            gpu.synchronize();
+            EXPECT_EQ(cuda_fp8_gemm_counts(gpu).skinny_rms_after - before, 1);
+            EXPECT_TRUE(compare_pair("rms_norm after: linear", shape, out, tol::kGpuLinear));
+            EXPECT_TRUE(compare_pair("rms_norm after: norm", shape, h, tol::kGpuElementwise));
+          }
+        }
+      }
+    }
+  }
+}
+
 // SiLU·mul as the SwiGLU epilogue of the gate_up Linear before it (CudaBackendOptions::
 // silu_mul_epilogue_max_rows; each 16-row tile pairs 8 gate rows with their 8 up rows):
 // rms_norm -> linear(gate_up) -> silu_mul -> linear(down, residual in place) against the CPU
