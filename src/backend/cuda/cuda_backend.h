@@ -192,10 +192,6 @@ struct CudaBackendOptions {
   // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:
   // no launch and no prologue for it, and the same bits.
   int silu_mul_epilogue_max_rows = kSkinnyGluMaxRows;
-  // The most rows (0..8) whose fused RMSNorm prologue (above) the one-tile decode Linear takes as
-  // 1/rms applied after its sums (kernels.h SkinnyPrologue::kRmsNormAfter): no block-wide pass
-  // before the math; x enters the mma as bf16(w * x) instead of the rounded normalised x.
-  int rms_norm_after_max_rows = 0;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
   // cuBLASLt's GELU_BIAS epilogue: GELU of the fp32 result, then one BF16 rounding (the reference
   // rounds the Linear's output first). cuBLASLt's GELU is the tanh form (an fp32 probe,
@@ -309,7 +305,6 @@ struct CudaFp8GemmCounts {
   int64_t skinny_16_warps = 0;
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
-  int64_t skinny_rms_after = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

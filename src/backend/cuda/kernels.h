@@ -85,8 +85,6 @@ struct LaunchContext {
   int64_t* warps16_launches = nullptr;  // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
   int64_t* pair_launches = nullptr;     // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
   int64_t* glu_launches = nullptr;      // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
-  int64_t* rms_after_launches = nullptr;  // ... with RMSNorm's 1/rms after the sums (skinny_rms_after)
-  int rms_after_rows = 0;  // RMSNorm prologues of up to this many rows run as kRmsNormAfter (one-tile kernel)
   OpProfiler* profiler = nullptr;       // non-null while profiling
   SkinnyTuning skinny;
 };
@@ -155,15 +153,8 @@ void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, co
 // RMSNorm and SiLU·mul into the Linear that consumes them, saving a launch and a round trip
 // of x): every block recomputes the rows it needs in registers, and the blocks together also
 // write x (so x holds exactly what the unfused op would have written).
-//
-// kRmsNormAfter (chosen by launch_skinny_linear for kRmsNorm where LaunchContext::rms_after_rows
-// allows): no prologue before the math. The mma takes bf16(w ⊙ x) straight from src, each warp
-// sums x² of the columns it reads, and the tile's sums are multiplied by 1/rms at the end, so the
-// Linear's critical path after the PDL wait has no block-wide pass and no barrier before the
-// math. The result differs from the Linear of the rounded normalised x by at most a BF16
-// rounding of each x element (within kGpuLinear); x itself is written as the unfused op writes it.
 struct SkinnyPrologue {
-  enum Kind { kNone, kRmsNorm, kSiluMul, kRmsNormAfter } kind = kNone;
+  enum Kind { kNone, kRmsNorm, kSiluMul } kind = kNone;
   Tensor src;     // RMSNorm: the input [n, K]; SiLU·mul: gate_up [n, 2K]
   Tensor weight;  // RMSNorm weight [K] (F32 or BF16)
   float eps = 0;

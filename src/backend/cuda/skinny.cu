@@ -35,13 +35,13 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
 template <bool kFp8, int G, int NT, int PRO, int W>
 __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int nchunks, int t, int g,
                                               const Group<kFp8, G>& grp, const PrologueSmem& pro_smem,
-                                              float (&acc)[NT][4], float (&ss)[NT]) {
+                                              float (&acc)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < G; ++i) {
     const int ci = c + i * W;
     if (ci >= nchunks) break;
     float part[NT][4];
-    chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part, ss);
+    chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
     accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
   }
 }
@@ -68,7 +68,6 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
                                                                              : 1)
     skinny_kernel(const SkinnyParams p, int prewait) {
   static_assert(KS == 1 || (KS == 2 && NT == 1), "a cluster pair takes up to 8 rows");
-  static_assert(PRO != SkinnyPrologue::kRmsNormAfter || (KS == 1 && NT == 1), "1/rms after the sums: one block per tile, up to 8 rows");
   constexpr int WT = W * KS;       // warps over the tile's K
   constexpr int kStride = WT * G;  // chunks per round of the WT warps
   __shared__ float red[W][kRows][NT * 8 + 1];
@@ -90,13 +89,11 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   const int ra = tile_row(p, ti, g), rb = tile_row(p, ti, g + 8);
   const int nchunks = (p.K + kChunk - 1) / kChunk;
 
-  float acc[NT][4], ss[NT];
+  float acc[NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    ss[j] = 0.0f;
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  }
 
   Group<kFp8, G> wa, wb;
   int c = half * W + warp;
@@ -111,19 +108,17 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
-    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc, ss);
+    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc);
     if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
-    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc, ss);
+    consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc);
     if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 
   if constexpr (KS == 1) {
-    write_square_sums<PRO>(pro_smem, ss[0]);
-    reduce_tile_and_store<NT, W, PRO>(p, red, acc, ti, pro_smem);
-    if constexpr (PRO == SkinnyPrologue::kRmsNormAfter) write_normed_share<W>(p, pro_smem);
+    reduce_tile_and_store<NT, W>(p, red, acc, ti);
   } else {
     // The pair's sum per output, in a fixed order: block 0's warps, then block 1's.
     write_partials<NT, W>(red, acc);
@@ -155,13 +150,6 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   };
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
-    if (pro == SkinnyPrologue::kRmsNormAfter) {
-      if constexpr (KS == 1)
-        go("skinny_linear+rms_norm_after", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNormAfter, MB, W, KS>, 0);
-      else
-        QVL_CHECK(false) << "skinny_linear: 1/rms after the sums in a cluster pair";
-      return;
-    }
     if (pro == SkinnyPrologue::kRmsNorm)
       go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W, KS>, prologue_bytes(p));
     else
@@ -452,11 +440,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   }
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
-  SkinnyPrologue::Kind kind = pro.kind;
-  if (kind == SkinnyPrologue::kRmsNorm && p.n <= ctx.rms_after_rows && tune.variant == 1 && tune.split != 2) {
-    kind = SkinnyPrologue::kRmsNormAfter;
-    if (ctx.rms_after_launches != nullptr) ++*ctx.rms_after_launches;
-  }
   if (tune.variant == 4) {
     if (ctx.wide_launches != nullptr) ++*ctx.wide_launches;
     launch_wide(ctx, p, wide_splits(ctx, p.N, p.K, tune.split));
@@ -467,27 +450,27 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     if (tune.warps == 16 && ctx.warps16_launches != nullptr) ++*ctx.warps16_launches;
     if (tune.split == 2 && ctx.pair_launches != nullptr) ++*ctx.pair_launches;
     if (!fp8 && tune.warps == 16)
-      launch_nt<false, 1, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<false, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (!fp8)
-      launch_nt<false, 1>(ctx, p, kind, tune.prewait);
+      launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3 && tune.split == 2)
-      launch_nt<true, 1, 3, kWarps, 2>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 3, kWarps, 2>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
-      launch_nt<true, 1, 3>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16 && tune.group == 2)
-      launch_nt<true, 2, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 2, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16)
-      launch_nt<true, 1, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 5)
-      launch_nt<true, 5>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 5>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 4)
-      launch_nt<true, 4>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 4>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 3)
-      launch_nt<true, 3>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 2)
-      launch_nt<true, 2>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 2>(ctx, p, pro.kind, tune.prewait);
     else
-      launch_nt<true, 1>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1>(ctx, p, pro.kind, tune.prewait);
   } else {
     fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
         : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);

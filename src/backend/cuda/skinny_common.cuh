@@ -97,24 +97,11 @@ struct PrologueSmem {
 // kFusedPrologueMaxBytes), computed once per block so that the main loop reads it like x.
 extern __shared__ uint4 prologue_x[];
 
-__device__ __forceinline__ void load_norm_w8(const SkinnyParams& p, int k, float (&w)[8]);
-
 // 8 consecutive x values of token `tok` at column k (k % 8 == 0, in range), as 4 bf16x2.
-// kRmsNormAfter: bf16(w ⊙ x) of the raw row in src, and ss += the 8 values' squares.
 template <int PRO>
-__device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, const PrologueSmem&, float& ss) {
+__device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, const PrologueSmem&) {
   if constexpr (PRO == SkinnyPrologue::kNone) {
     return load16(p.x + static_cast<int64_t>(tok) * p.K + k);
-  } else if constexpr (PRO == SkinnyPrologue::kRmsNormAfter) {
-    float f[8], w[8];
-    unpack8(load16(p.src + static_cast<int64_t>(tok) * p.K + k), f);
-    load_norm_w8(p, k, w);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      ss += f[e] * f[e];
-      f[e] *= w[e];
-    }
-    return pack8(f);
   } else {
     // ld.shared at a shared-window address: indexing prologue_x compiled to ~6 instructions per
     // load (the window base rebuilt from the CTA's cluster id each time).
@@ -171,7 +158,7 @@ __device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
 template <int PRO, int W = kWarps>
 __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps, const PrologueWeights& pw) {
   static_assert(W <= kMaxWarps);
-  if constexpr (PRO == SkinnyPrologue::kRmsNorm || PRO == SkinnyPrologue::kSiluMul) {
+  if constexpr (PRO != SkinnyPrologue::kNone) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv = p.K / 8;  // vectors per row
     const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
@@ -324,11 +311,10 @@ __device__ __forceinline__ void load_weights(const SkinnyParams& p, int c, int r
 
 // part = this lane's C fragments of chunk c (rows g, g+8 of the 16-row tile whose weights the
 // lane holds in w; tokens 8j+2t, 8j+2t+1), before the chunk's block scale.
-// ss[j] += the squares of the raw x this lane reads (kRmsNormAfter; else untouched).
 template <bool kFp8, int NT, int PRO>
 __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, int g,
                                           const uint4 (&w)[2 * Chunk<kFp8>::kSteps], const PrologueSmem& pro_smem,
-                                          float (&part)[NT][4], float (&ss)[NT]) {
+                                          float (&part)[NT][4]) {
   using C = Chunk<kFp8>;
   constexpr int E = C::kElems;
   constexpr int S = C::kSteps;
@@ -346,8 +332,8 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
     for (int j = 0; j < NT; ++j) {
       const int tok = j * 8 + g;
       const bool ok = tok < p.n && k < p.K;
-      xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem, ss[j]) : make_uint4(0, 0, 0, 0);
-      if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem, ss[j]) : make_uint4(0, 0, 0, 0);
+      xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
+      if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
     }
     if (kFp8) {
       uint32_t wa[8], wb[8];
@@ -432,53 +418,9 @@ __device__ __forceinline__ void store_glu(const SkinnyParams& p, int ti, int r, 
 // The end of a 16-row tile: the 8 warps' partial sums meet in `red`, are added in warp order,
 // and each output is stored (tile ti's rows, tile_row). Every thread of the block calls it (one
 // barrier).
-// kRmsNormAfter, before reduce_tile_and_store's barrier: the warp's sums of x² per token (ss of
-// token j 8 + g over the columns of lanes t = 0..3) into ps.ss[warp] (up to 8 rows).
-template <int PRO>
-__device__ __forceinline__ void write_square_sums(PrologueSmem& ps, float ss) {
-  if constexpr (PRO == SkinnyPrologue::kRmsNormAfter) {
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-    const int lane = threadIdx.x & 31;
-    if ((lane & 3) == 0) ps.ss[threadIdx.x >> 5][lane >> 2] = ss;
-  }
-}
-// kRmsNormAfter, after that barrier: token tok's 1/rms from the W warps' sums, in warp order (the
-// same in every block).
-template <int W>
-__device__ __forceinline__ float rstd_of(const SkinnyParams& p, const PrologueSmem& ps, int tok) {
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < W; ++w) total += ps.ss[w][tok];
-  return rsqrtf(total / static_cast<float>(p.K) + p.eps);
-}
-// kRmsNormAfter: this block's share of x (blocks split the n K / 8 vectors evenly), written as the
-// unfused RMSNorm writes it: bf16(w * bf16(x * rstd)).
-template <int W>
-__device__ __forceinline__ void write_normed_share(const SkinnyParams& p, const PrologueSmem& ps) {
-  const int kv = p.K / 8;
-  const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
-  const int64_t v1 = min(per * (blockIdx.x + 1), static_cast<int64_t>(p.n) * kv);
-  for (int64_t i = per * blockIdx.x + threadIdx.x; i < v1; i += W * 32) {
-    const int tok = static_cast<int>(i / kv), k = static_cast<int>(i % kv) * 8;
-    float x8[8], w[8];
-    unpack8(load16(p.src + static_cast<int64_t>(tok) * p.K + k), x8);
-    load_norm_w8(p, k, w);
-    const float r = rstd_of<W>(p, ps, tok);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x8[e] = w[e] * bf16_round(x8[e] * r);
-    reinterpret_cast<uint4*>(p.x_out)[i] = pack8(x8);
-  }
-}
-
-// The end of a 16-row tile: the 8 warps' partial sums meet in `red`, are added in warp order,
-// and each output is stored (tile ti's rows, tile_row), times 1/rms of its token for
-// kRmsNormAfter (the caller wrote the square sums into ps). Every thread of the block calls it
-// (one barrier).
-template <int NT, int W = kWarps, int PRO = SkinnyPrologue::kNone>
+template <int NT, int W = kWarps>
 __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[W][kRows][NT * 8 + 1],
-                                                      const float (&acc)[NT][4], int ti, const PrologueSmem& ps) {
-  constexpr bool kAfter = PRO == SkinnyPrologue::kRmsNormAfter;
+                                                      const float (&acc)[NT][4], int ti) {
   write_partials<NT, W>(red, acc);
   __syncthreads();
   if (p.glu_out != nullptr) {
@@ -489,11 +431,6 @@ __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, flo
       for (int w = 0; w < W; ++w) g += red[w][r][tok];
 #pragma unroll
       for (int w = 0; w < W; ++w) u += red[w][r + 8][tok];
-      if constexpr (kAfter) {
-        const float s = rstd_of<W>(p, ps, tok);
-        g *= s;
-        u *= s;
-      }
       store_glu(p, ti, r, tok, g, u);
     }
     return;
@@ -506,7 +443,6 @@ __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, flo
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < W; ++w) v += red[w][r][tok];
-    if constexpr (kAfter) v *= rstd_of<W>(p, ps, tok);
     store_out(p, row, tok, v);
   }
 }

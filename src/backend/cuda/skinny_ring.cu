@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
         }
       }
       // A chunk past the stage or K multiplies zeros (and loads no x): its part is never added.
-      float part[2][1][4], ss[1] = {0.0f};  // ss: kRmsNormAfter only (not a ring prologue)
-      chunk_mma<kFp8, 1, PRO>(p, c0, t, g, w[0], pro_smem, part[0], ss);
-      chunk_mma<kFp8, 1, PRO>(p, has1 ? c0 + kWarps : nchunks, t, g, w[1], pro_smem, part[1], ss);
+      float part[2][1][4];
+      chunk_mma<kFp8, 1, PRO>(p, c0, t, g, w[0], pro_smem, part[0]);
+      chunk_mma<kFp8, 1, PRO>(p, has1 ? c0 + kWarps : nchunks, t, g, w[1], pro_smem, part[1]);
       const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] : 1.0f;
       accumulate_scaled(acc, part[0], s0, s0);
       if (has1) {
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     }
     if (seg != segs - 1) continue;
     // The tile is complete (red is double-buffered: one barrier per tile).
-    reduce_tile_and_store<1>(p, red[ti & 1], acc, blockIdx.x + ti * gridDim.x, pro_smem);
+    reduce_tile_and_store<1>(p, red[ti & 1], acc, blockIdx.x + ti * gridDim.x);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   }
 }

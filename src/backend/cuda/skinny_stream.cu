@@ -73,8 +73,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
       const bool live = step(q, row0, c);
       const int ra = min(row0 + g, p.N - 1), rb = min(row0 + g + 8, p.N - 1);
       if (live) {
-        float part[NT][4], ss[NT] = {};  // kRmsNormAfter only (not a stream prologue)
-        chunk_mma<kFp8, NT, PRO>(p, c, t, g, ring[d], pro_smem, part, ss);
+        float part[NT][4];
+        chunk_mma<kFp8, NT, PRO>(p, c, t, g, ring[d], pro_smem, part);
         accumulate_scaled(acc, part, kFp8 ? block_scale(p, ra, c) : 1.0f, kFp8 ? block_scale(p, rb, c) : 1.0f);
       }
       fetch(q + DEPTH, ring[d]);
