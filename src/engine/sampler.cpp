@@ -307,8 +307,9 @@ bool Sampler::candidates_decide(std::span<const uint64_t> keys) {
 }
 
 int32_t Sampler::sample_candidates(std::span<const uint64_t> keys) {
-  if (decided_keys_ != keys.data())
+  if (decided_keys_ != keys.data()) {
     QVL_CHECK(candidates_decide(keys)) << "sample_candidates: the keys do not decide this row";
+  }
   decided_keys_ = nullptr;
   sc_ = &scratch();
   if (static_cast<int>(keyed_.size()) == vocab_size_) {

@@ -108,7 +108,7 @@ inline uint8_t clamp_shift(int32_t acc, int precision) {
 // (H, in_w, 3) -> (H, out_w, 3).
 void horizontal_pass(const uint8_t* src, int height, int in_w, uint8_t* dst, int out_w, const AxisWeights& aw) {
   const int32_t bias = 1 << (aw.precision - 1);
-  const bool big = static_cast<int64_t>(height) * out_w * aw.taps >= kParallelWork;
+  [[maybe_unused]] const bool big = static_cast<int64_t>(height) * out_w * aw.taps >= kParallelWork;
 #pragma omp parallel for schedule(static) if (big)
   for (int y = 0; y < height; ++y) {
     const uint8_t* in = src + static_cast<int64_t>(y) * in_w * 3;
@@ -176,7 +176,7 @@ void vertical_pass(const uint8_t* src, int in_h, int width, uint8_t* dst, int ou
   (void)in_h;
   const int64_t row_len = static_cast<int64_t>(width) * 3;
   const int32_t bias = 1 << (aw.precision - 1);
-  const bool big = static_cast<int64_t>(out_h) * row_len * aw.taps / 3 >= kParallelWork;
+  [[maybe_unused]] const bool big = static_cast<int64_t>(out_h) * row_len * aw.taps / 3 >= kParallelWork;
 #pragma omp parallel if (big)
   {
     std::vector<int32_t> acc(static_cast<size_t>(row_len));

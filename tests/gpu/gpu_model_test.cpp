@@ -281,7 +281,8 @@ TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
     EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).skinny_glu, 0);
     ASSERT_EQ(got.size(), unfused.size());
     EXPECT_EQ(bits_differ(got, unfused), 0) << "of " << got.size() << " decode logits differ, epilogue on / off";
-    EXPECT_TRUE(compare("decode logits, SiLU·mul epilogue", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+    EXPECT_TRUE(
+        compare("decode logits, SiLU·mul epilogue", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
     std::filesystem::remove_all(dir);
   }
 }

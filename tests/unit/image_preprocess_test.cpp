@@ -140,7 +140,8 @@ TEST(Resize, WorkedExampleHalvingAWidthOfFour) {
   img.height = 1;
   img.width = 4;
   const uint8_t row[4] = {0, 100, 200, 255};
-  for (int x = 0; x < 4; ++x) img.pixels.insert(img.pixels.end(), {row[x], row[x], row[x]});
+  img.pixels.assign(12, 0);
+  for (int x = 0; x < 12; ++x) img.pixels[static_cast<size_t>(x)] = row[x / 3];
   RgbImage out = resize_bicubic_antialias(img, 1, 2);
   ASSERT_EQ(out.pixels.size(), 6u);
   EXPECT_EQ(out.pixels[0], 60);

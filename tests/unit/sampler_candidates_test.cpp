@@ -34,7 +34,9 @@ TEST(TopKKeys, OrderByValueThenIndex) {
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(logit_key_index(keys[i]), want_ids[i]) << "position " << i;
     EXPECT_EQ(logit_key_value(keys[i]), row[static_cast<size_t>(want_ids[i])]) << "position " << i;
-    if (i > 0) EXPECT_GT(keys[i - 1], keys[i]);
+    if (i > 0) {
+      EXPECT_GT(keys[i - 1], keys[i]);
+    }
   }
   EXPECT_FALSE(std::signbit(logit_key_value(keys[4]))) << "-0 (index 4) comes back as +0";
 }

@@ -220,8 +220,8 @@ void CudaBackend::layer_norm(Tensor out, const Tensor& x, const Tensor& weight, 
 
 void CudaBackend::silu_mul(Tensor out, const Tensor& gate_up) {
   if (lin_.active && gate_up.data == lin_.out.data && gate_up.same_shape(lin_.out) && out.dtype == DType::kBF16 &&
-      out.ndim == 2 && out.dim(0) == gate_up.dim(0) && 2 * out.dim(1) == gate_up.dim(1) &&
-      out.data != lin_.x.data && (lin_.pro.kind == cuda::SkinnyPrologue::kNone || out.data != lin_.pro.src.data)) {
+      out.ndim == 2 && out.dim(0) == gate_up.dim(0) && 2 * out.dim(1) == gate_up.dim(1) && out.data != lin_.x.data &&
+      (lin_.pro.kind == cuda::SkinnyPrologue::kNone || out.data != lin_.pro.src.data)) {
     launch_pending_linear(out);
     return;
   }

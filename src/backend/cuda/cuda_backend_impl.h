@@ -208,7 +208,7 @@ class CudaBackend final : public Backend {
   struct PendingLinear {
     bool active = false;
     Tensor out, x;
-    const LinearWeight* w = nullptr;
+    LinearWeight w;  // a copy (views of the device weights): the caller's may not outlive the call
     cuda::SkinnyPrologue pro;
   };
   // Launches the decode Linear, or defers it (lin_) where a SwiGLU epilogue could follow.
@@ -258,7 +258,7 @@ class CudaBackend final : public Backend {
   PendingPrepare prep_;
   PendingAttention attn_;
   PendingLinear lin_;
-  int glu_rows_ = kSkinnyGluMaxRows;    // CudaBackendOptions::silu_mul_epilogue_max_rows, clamped
+  int glu_rows_ = kSkinnyGluMaxRows;  // CudaBackendOptions::silu_mul_epilogue_max_rows, clamped
   // The decode step table was written by a layer-0 decode attention of this batch and cache, and
   // no layer-0 launch has come since: the later layers read it (launch_decode_attention).
   bool step_table_ready_ = false;

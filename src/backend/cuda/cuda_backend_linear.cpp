@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -265,26 +266,28 @@ void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight&
                                 const cuda::SkinnyPrologue& pro) {
   // A SiLU·mul may follow where the output could be gate_up: out [n, 2 I], I % 8 == 0, nothing
   // added to it.
-  if (fusion_ && x.dim(0) <= glu_rows_ && w.out_features % 16 == 0 && w.bias.empty() &&
-      ep.act == Activation::kNone && ep.residual.empty() && out.ndim == 2) {
-    lin_ = {true, out, x, &w, pro};
+  if (fusion_ && x.dim(0) <= glu_rows_ && w.out_features % 16 == 0 && w.bias.empty() && ep.act == Activation::kNone &&
+      ep.residual.empty() && out.ndim == 2) {
+    lin_ = {true, out, x, w, pro};
     return;
   }
-  if (ctx_.profiler) note_linear(out, x, w, ep, pro.kind == cuda::SkinnyPrologue::kNone      ? ""
-                                                : pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm"
-                                                                                             : " +silu_mul");
+  if (ctx_.profiler)
+    note_linear(out, x, w, ep,
+                pro.kind == cuda::SkinnyPrologue::kNone      ? ""
+                : pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm"
+                                                             : " +silu_mul");
   cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
 }
 
 void CudaBackend::launch_pending_linear(const Tensor& glu_out) {
-  const PendingLinear l = lin_;
+  const PendingLinear l = std::move(lin_);
   lin_ = {};
   if (ctx_.profiler) {
     std::string extra = l.pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm" : "";
     if (!glu_out.empty()) extra += " +silu_mul epilogue";
-    note_linear(l.out, l.x, *l.w, {}, extra.c_str());
+    note_linear(l.out, l.x, l.w, {}, extra.c_str());
   }
-  cuda::launch_skinny_linear(ctx_, l.out, l.x, *l.w, {}, l.pro, glu_out);
+  cuda::launch_skinny_linear(ctx_, l.out, l.x, l.w, {}, l.pro, glu_out);
 }
 
 void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {

@@ -77,9 +77,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       if (lane == 0) {
         mbar_expect_tx(&full[slot], 2 * bytes);
         for (int h = 0; h < 2; ++h)
-          bulk_load_evict_first(dst + h * 8 * row_bytes,
-                                static_cast<const char*>(p.w) + static_cast<int64_t>(tile_row(p, tile, 8 * h)) * row_bytes,
-                                bytes, &full[slot]);
+          bulk_load_evict_first(
+              dst + h * 8 * row_bytes,
+              static_cast<const char*>(p.w) + static_cast<int64_t>(tile_row(p, tile, 8 * h)) * row_bytes, bytes,
+              &full[slot]);
       }
       return;
     }
