@@ -53,6 +53,18 @@ HostPart make_part(int64_t rows, int64_t cols, bool fp8, float wscale) {
   return p;
 }
 
+// Views of a host part as one LinearPart of rows x cols (FP8: with its 128x128 block scales).
+LinearPart part_view(HostPart& h, int64_t cols, bool fp8) {
+  LinearPart lp;
+  if (fp8) {
+    lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {h.rows, cols});
+    lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(h.rows + 127) / 128, (cols + 127) / 128});
+  } else {
+    lp.weight = Tensor(h.bf16.data(), DType::kBF16, {h.rows, cols});
+  }
+  return lp;
+}
+
 struct Case {
   int64_t n, K;
   std::vector<int64_t> part_rows;  // stacked parts (q|k|v, gate|up)
@@ -177,16 +189,7 @@ void run_case(const Case& c, Backend& gpu = *cuda(), Expect expect = Expect::kAn
     host.push_back(make_part(rows, K, c.fp8, 1.0f / std::sqrt(static_cast<float>(K))));
     N += rows;
   }
-  for (HostPart& h : host) {
-    LinearPart lp;
-    if (c.fp8) {
-      lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {h.rows, K});
-      lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(h.rows + 127) / 128, (K + 127) / 128});
-    } else {
-      lp.weight = Tensor(h.bf16.data(), DType::kBF16, {h.rows, K});
-    }
-    parts.push_back(lp);
-  }
+  for (HostPart& h : host) parts.push_back(part_view(h, K, c.fp8));
   std::vector<float> bias;
   std::vector<uint16_t> bias_bits;
   Tensor host_bias;
@@ -791,14 +794,7 @@ TEST(GpuOps, LinearFusedPrologues) {
         const int64_t K = 2048, N = 1000, I = 1536, D = 512;
         auto load = [&](int64_t rows, int64_t cols, std::vector<HostPart>& keep) {
           keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
-          HostPart& h = keep.back();
-          LinearPart lp;
-          if (fp8) {
-            lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {rows, cols});
-            lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
-          } else {
-            lp.weight = Tensor(h.bf16.data(), DType::kBF16, {rows, cols});
-          }
+          const LinearPart lp = part_view(keep.back(), cols, fp8);
           return std::make_pair(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
                                 gpu->load_linear({&lp, 1}, Tensor(), 128).value());
         };
@@ -891,14 +887,7 @@ TEST(GpuOps, LinearSiluMulEpilogue) {
           keep.reserve(2);
           auto load = [&](int64_t rows, int64_t cols) {
             keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
-            HostPart& h = keep.back();
-            LinearPart lp;
-            if (fp8) {
-              lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {rows, cols});
-              lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
-            } else {
-              lp.weight = Tensor(h.bf16.data(), DType::kBF16, {rows, cols});
-            }
+            const LinearPart lp = part_view(keep.back(), cols, fp8);
             return std::make_tuple(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
                                    (**epi).load_linear({&lp, 1}, Tensor(), 128).value(),
                                    (**sep).load_linear({&lp, 1}, Tensor(), 128).value());
