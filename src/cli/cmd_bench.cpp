@@ -90,8 +90,6 @@ struct BenchOptions {
   int fused_rms_rows = -1;               // A/B: RMSNorm as a Linear prologue up to this many rows
   int fused_silu_rows = -1;              // A/B: SiLU·mul as a Linear prologue up to this many rows
   int silu_epilogue_rows = -1;           // A/B: SiLU·mul as gate_up's epilogue up to this many rows
-  int stage_x_rows = -1;                 // A/B: x staged in shared memory up to this many rows
-  int stage_x_chunks = -1;               // A/B: ... where each warp has at least this many chunks
   bool no_cluster_attention = false;     // A/B: one block per query tile in vision / prefill attention
   bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
@@ -167,8 +165,6 @@ Status run_bench(const BenchOptions& o) {
     if (o.fused_rms_rows >= 0) opts.fused_rms_norm_max_rows = o.fused_rms_rows;
     if (o.fused_silu_rows >= 0) opts.fused_silu_mul_max_rows = o.fused_silu_rows;
     if (o.silu_epilogue_rows >= 0) opts.silu_mul_epilogue_max_rows = o.silu_epilogue_rows;
-    if (o.stage_x_rows >= 0) opts.stage_x_max_rows = o.stage_x_rows;
-    if (o.stage_x_chunks >= 0) opts.stage_x_min_chunks = o.stage_x_chunks;
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
@@ -561,8 +557,7 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_wide_launches", f.skinny_wide},
                           {"skinny_16_warp_launches", f.skinny_16_warps},
                           {"skinny_pair_launches", f.skinny_pairs},
-                          {"skinny_glu_launches", f.skinny_glu},
-                          {"skinny_x_staged_launches", f.skinny_x_staged}};
+                          {"skinny_glu_launches", f.skinny_glu}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -649,13 +644,6 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--silu-mul-epilogue-max-rows", o->silu_epilogue_rows,
                  "CUDA A/B: SiLU·mul runs in the epilogue of the gate_up Linear before it up to this many rows (8)")
       ->check(CLI::Range(0, 8));
-  app.add_option("--stage-x-max-rows", o->stage_x_rows,
-                 "CUDA A/B: a decode Linear without a prologue copies x into shared memory after its PDL wait up "
-                 "to this many rows (0)")
-      ->check(CLI::Range(0, 8));
-  app.add_option("--stage-x-min-chunks", o->stage_x_chunks,
-                 "CUDA A/B: ... where each warp has at least this many 128-column chunks of K (2)")
-      ->check(CLI::Range(1, 1000));
   app.add_flag("--no-cluster-attention", o->no_cluster_attention,
                "CUDA A/B: vision and prefill attention without the thread-block-cluster key split");
   app.add_flag("--no-token-prepare", o->no_token_prepare,

@@ -66,9 +66,6 @@ Status CudaBackend::init() {
   ctx_.warps16_launches = &fp8_counts_.skinny_16_warps;
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;
   ctx_.glu_launches = &fp8_counts_.skinny_glu;
-  ctx_.x_staged_launches = &fp8_counts_.skinny_x_staged;
-  ctx_.stage_x_rows = std::clamp(options_.stage_x_max_rows, 0, cuda::kFusedPrologueMaxRows);
-  ctx_.stage_x_chunks = std::max(options_.stage_x_min_chunks, 1);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

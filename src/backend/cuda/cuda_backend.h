@@ -194,11 +194,6 @@ struct CudaBackendOptions {
   // (bench/RESULTS.md run 32), b1 / b2 / b8: 2B BF16 -1.3 / -5.6 / -0.8%, 2B FP8 -4.6 / -5.1 /
   // -3.8%, 4B FP8 -3.2 / -2.4 / -2.0%, 4B BF16 +0.3 (inside the spread) / -0.9 / -0.7%.
   int silu_mul_epilogue_max_rows = kSkinnyGluMaxRows;
-  // The most rows (0..8) for which a decode Linear without a prologue copies x into shared memory
-  // right after its PDL wait (kernels.h SkinnyPrologue::kCopyX), where each warp of the one-tile
-  // kernel has at least stage_x_min_chunks 128-column chunks of K.
-  int stage_x_max_rows = 0;
-  int stage_x_min_chunks = 2;
   // GELU (tanh) Linears over many rows without a residual (the vision MLP's fc1) through
   // cuBLASLt's GELU_BIAS epilogue: GELU of the fp32 result, then one BF16 rounding (the reference
   // rounds the Linear's output first). cuBLASLt's GELU is the tanh form (an fp32 probe,
@@ -312,7 +307,6 @@ struct CudaFp8GemmCounts {
   int64_t skinny_16_warps = 0;
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
-  int64_t skinny_x_staged = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

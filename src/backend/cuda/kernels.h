@@ -81,16 +81,11 @@ struct LaunchContext {
   int num_sms = 1;
   int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
-  int64_t* wide_launches = nullptr;      // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
-  int64_t* warps16_launches = nullptr;   // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
-  int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
-  int64_t* glu_launches = nullptr;       // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
-  int64_t* x_staged_launches = nullptr;  // ... with x staged in shared memory (skinny_x_staged)
-  // Decode Linears without a prologue take x staged (SkinnyPrologue::kCopyX) up to this many rows
-  // where each warp of the one-tile kernel has at least stage_x_chunks chunks of K.
-  int stage_x_rows = 0;
-  int stage_x_chunks = 2;
-  OpProfiler* profiler = nullptr;  // non-null while profiling
+  int64_t* wide_launches = nullptr;     // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
+  int64_t* warps16_launches = nullptr;  // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
+  int64_t* pair_launches = nullptr;     // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
+  int64_t* glu_launches = nullptr;      // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
+  OpProfiler* profiler = nullptr;       // non-null while profiling
   SkinnyTuning skinny;
 };
 
@@ -158,12 +153,8 @@ void launch_layer_norm(const LaunchContext& ctx, Tensor out, const Tensor& x, co
 // RMSNorm and SiLU·mul into the Linear that consumes them, saving a launch and a round trip
 // of x): every block recomputes the rows it needs in registers, and the blocks together also
 // write x (so x holds exactly what the unfused op would have written).
-//
-// kCopyX (chosen by launch_skinny_linear for kNone where LaunchContext::stage_x_rows allows): x
-// itself, copied into shared memory right after the PDL wait (cp.async, all at once), so that a
-// warp's later chunks do not each wait for their own x loads. The same sums as kNone.
 struct SkinnyPrologue {
-  enum Kind { kNone, kRmsNorm, kSiluMul, kCopyX } kind = kNone;
+  enum Kind { kNone, kRmsNorm, kSiluMul } kind = kNone;
   Tensor src;     // RMSNorm: the input [n, K]; SiLU·mul: gate_up [n, 2K]
   Tensor weight;  // RMSNorm weight [K] (F32 or BF16)
   float eps = 0;

@@ -150,9 +150,7 @@ void launch_nt(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::
   };
   if (pro != SkinnyPrologue::kNone) {
     QVL_CHECK_LE(p.n, kFusedPrologueMaxRows);
-    if (pro == SkinnyPrologue::kCopyX)
-      go("skinny_linear+x_staged", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kCopyX, MB, W, KS>, prologue_bytes(p));
-    else if (pro == SkinnyPrologue::kRmsNorm)
+    if (pro == SkinnyPrologue::kRmsNorm)
       go("skinny_linear+rms_norm", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kRmsNorm, MB, W, KS>, prologue_bytes(p));
     else
       go("skinny_linear+silu_mul", skinny_kernel<kFp8, G, 1, SkinnyPrologue::kSiluMul, MB, W, KS>, prologue_bytes(p));
@@ -442,15 +440,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   }
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
-  SkinnyPrologue::Kind kind = pro.kind;
-  if (kind == SkinnyPrologue::kNone && tune.variant == 1 && p.n <= ctx.stage_x_rows &&
-      static_cast<size_t>(p.n) * p.K * sizeof(uint16_t) <= kFusedPrologueMaxBytes) {
-    const int warps = (tune.warps == 16 ? 16 : kWarps) * (tune.split == 2 ? 2 : 1);
-    if (static_cast<int>(ceil_div(p.K, kChunk)) >= ctx.stage_x_chunks * warps) {
-      kind = SkinnyPrologue::kCopyX;
-      if (ctx.x_staged_launches != nullptr) ++*ctx.x_staged_launches;
-    }
-  }
   if (tune.variant == 4) {
     if (ctx.wide_launches != nullptr) ++*ctx.wide_launches;
     launch_wide(ctx, p, wide_splits(ctx, p.N, p.K, tune.split));
@@ -461,27 +450,27 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     if (tune.warps == 16 && ctx.warps16_launches != nullptr) ++*ctx.warps16_launches;
     if (tune.split == 2 && ctx.pair_launches != nullptr) ++*ctx.pair_launches;
     if (!fp8 && tune.warps == 16)
-      launch_nt<false, 1, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<false, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (!fp8)
-      launch_nt<false, 1>(ctx, p, kind, tune.prewait);
+      launch_nt<false, 1>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3 && tune.split == 2)
-      launch_nt<true, 1, 3, kWarps, 2>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 3, kWarps, 2>(ctx, p, pro.kind, tune.prewait);
     else if (tune.blocks == 3)
-      launch_nt<true, 1, 3>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16 && tune.group == 2)
-      launch_nt<true, 2, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 2, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (tune.warps == 16)
-      launch_nt<true, 1, 0, 16>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1, 0, 16>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 5)
-      launch_nt<true, 5>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 5>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 4)
-      launch_nt<true, 4>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 4>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 3)
-      launch_nt<true, 3>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 3>(ctx, p, pro.kind, tune.prewait);
     else if (tune.group == 2)
-      launch_nt<true, 2>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 2>(ctx, p, pro.kind, tune.prewait);
     else
-      launch_nt<true, 1>(ctx, p, kind, tune.prewait);
+      launch_nt<true, 1>(ctx, p, pro.kind, tune.prewait);
   } else {
     fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
         : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);

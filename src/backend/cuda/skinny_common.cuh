@@ -158,13 +158,7 @@ __device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
 template <int PRO, int W = kWarps>
 __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps, const PrologueWeights& pw) {
   static_assert(W <= kMaxWarps);
-  if constexpr (PRO == SkinnyPrologue::kCopyX) {
-    const uint4* x = reinterpret_cast<const uint4*>(p.x);
-    for (int i = threadIdx.x; i < p.n * (p.K / 8); i += W * 32) cp_async16(&prologue_x[i], x + i);
-    cp_async_wait_all();
-    __syncthreads();
-  }
-  if constexpr (PRO == SkinnyPrologue::kRmsNorm || PRO == SkinnyPrologue::kSiluMul) {
+  if constexpr (PRO != SkinnyPrologue::kNone) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv = p.K / 8;  // vectors per row
     const int64_t per = (static_cast<int64_t>(p.n) * kv + gridDim.x - 1) / gridDim.x;
