@@ -140,7 +140,7 @@ void patchify_into(const uint8_t* rgb, int height, int width, int patch, int mer
   // row = ((hb * gw/m + wb) * m + hi) * m + wi, patch origin y0 = (hb*m + hi)*p, x0 = (wb*m + wi)*p;
   // column = ((c * T + t) * p + py) * p + px, the T temporal copies identical.
   // Small images stay on the calling thread (the server prepares images on request threads).
-  const bool big = n_patches * patch_dim >= (8 << 20);
+  [[maybe_unused]] const bool big = n_patches * patch_dim >= (8 << 20);
 #pragma omp parallel for schedule(static) if (big)
   for (int64_t row = 0; row < n_patches; ++row) {
     const int wi = static_cast<int>(row % m);
