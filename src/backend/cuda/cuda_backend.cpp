@@ -218,10 +218,21 @@ void CudaBackend::layer_norm(Tensor out, const Tensor& x, const Tensor& weight, 
   cuda::launch_layer_norm(ctx_, out, x, weight, bias, eps);
 }
 
+namespace {
+// Whether two tensors' bytes overlap.
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.data);
+  const auto* pb = static_cast<const char*>(b.data);
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+}  // namespace
+
 void CudaBackend::silu_mul(Tensor out, const Tensor& gate_up) {
+  // The pending Linear wrote gate_up: SiLU·mul as its epilogue, where out is nothing it reads or
+  // writes.
   if (lin_.active && gate_up.data == lin_.out.data && gate_up.same_shape(lin_.out) && out.dtype == DType::kBF16 &&
-      out.ndim == 2 && out.dim(0) == gate_up.dim(0) && 2 * out.dim(1) == gate_up.dim(1) && out.data != lin_.x.data &&
-      (lin_.pro.kind == cuda::SkinnyPrologue::kNone || out.data != lin_.pro.src.data)) {
+      out.ndim == 2 && out.dim(0) == gate_up.dim(0) && 2 * out.dim(1) == gate_up.dim(1) && !overlap(out, gate_up) &&
+      !overlap(out, lin_.x) && (lin_.pro.kind == cuda::SkinnyPrologue::kNone || !overlap(out, lin_.pro.src))) {
     launch_pending_linear(out);
     return;
   }
