@@ -4,14 +4,16 @@
 //                            Linear (with the deferral of small prologues), the factory and the
 //                            public accessors of cuda_backend.h;
 //   cuda_backend_linear.cpp  weights (load_tensor, load_linear) and the Linear dispatch
-//                            (skinny kernels, fused prologues, cuBLASLt, FP8 paths);
+//                            (skinny kernels, fused prologues, the deferred decode Linear whose
+//                            epilogue a silu_mul may join, cuBLASLt, FP8 paths);
 //   cuda_backend_graphs.cpp  regions, CUDA graphs and profiling.
 // Ordinary C++: kernels are reached through kernels.h, cuBLASLt through gemm.h, growable regions
 // through region.h. Everything the ops need beyond their arguments (workspaces, scratch) is
 // allocated in init(), so nothing is allocated while generating.
 //
-// Invariant: at most one op is deferred at a time (pending_, prep_, attn_ or lin_); every op that does not
-// fuse it calls flush() first, so results never depend on whether a fusion happened.
+// Invariant: at most one op is deferred at a time (pending_, prep_, attn_ or lin_); every op
+// that does not fuse it calls flush() first, so results never depend on whether a fusion
+// happened.
 #pragma once
 
 #include <cuda_runtime_api.h>
