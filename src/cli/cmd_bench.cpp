@@ -557,7 +557,8 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_wide_launches", f.skinny_wide},
                           {"skinny_16_warp_launches", f.skinny_16_warps},
                           {"skinny_pair_launches", f.skinny_pairs},
-                          {"skinny_glu_launches", f.skinny_glu}};
+                          {"skinny_glu_launches", f.skinny_glu},
+                          {"skinny_prologue_launches", f.skinny_prologue}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test

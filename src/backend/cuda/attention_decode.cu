@@ -759,22 +759,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
   }
-  // One split writes the output; the L2 merge's splits write their partials.
-  for (int i = threadIdx.x; i < (kCluster && p.splits > 1 ? 0 : group * HD); i += kThreads) {
-    const int h = i / HD, d = i % HD;
-    float mm, l, acc = 0.0f;
-    head_ml(h, mm, l);
+  // One split writes the output; the L2 merge's splits write their partials (a cluster's splits
+  // pushed theirs above).
+  if (!kCluster || p.splits == 1) {
+    for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+      const int h = i / HD, d = i % HD;
+      float mm, l, acc = 0.0f;
+      head_ml(h, mm, l);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
-    const int head = kvh * group + h;
-    if (p.splits == 1) {
-      p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
-    } else {
-      float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
-      part[d] = acc;
-      if (d == 0) {
-        part[HD] = mm;
-        part[HD + 1] = l;
+      for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
+      const int head = kvh * group + h;
+      if (p.splits == 1) {
+        p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
+      } else {
+        float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
+        part[d] = acc;
+        if (d == 0) {
+          part[HD] = mm;
+          part[HD + 1] = l;
+        }
       }
     }
   }

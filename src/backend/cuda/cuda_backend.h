@@ -298,8 +298,8 @@ void cuda_memory_reset_peak(Backend& backend);
 // How many FP8 Linears over more than kSkinnyFp8MaxRows rows each path ran since the backend
 // was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu), the one-tile
 // kernel's 16-warp blocks (BF16 Linears included) and its cluster pairs had, and how many decode
-// Linears (BF16 included) took SiLU·mul as their SwiGLU epilogue, those recorded into graphs
-// included (tests and benchmarks check which one did).
+// Linears (BF16 included) took SiLU·mul as their SwiGLU epilogue or a fused RMSNorm / SiLU·mul
+// prologue, those recorded into graphs included (tests and benchmarks check which one did).
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
@@ -307,6 +307,7 @@ struct CudaFp8GemmCounts {
   int64_t skinny_16_warps = 0;
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
+  int64_t skinny_prologue = 0;
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

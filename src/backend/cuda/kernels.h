@@ -81,11 +81,12 @@ struct LaunchContext {
   int num_sms = 1;
   int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
-  int64_t* wide_launches = nullptr;     // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
-  int64_t* warps16_launches = nullptr;  // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
-  int64_t* pair_launches = nullptr;     // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
-  int64_t* glu_launches = nullptr;      // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
-  OpProfiler* profiler = nullptr;       // non-null while profiling
+  int64_t* wide_launches = nullptr;      // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
+  int64_t* warps16_launches = nullptr;   // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
+  int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
+  int64_t* glu_launches = nullptr;       // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
+  int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
+  OpProfiler* profiler = nullptr;        // non-null while profiling
   SkinnyTuning skinny;
 };
 

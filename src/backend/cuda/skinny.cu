@@ -17,7 +17,7 @@ struct Group {
 };
 
 // Loads group c: chunks past the end are zeros and cost no load.
-template <bool kFp8, int G, int W>
+template <bool kFp8, int G, int W, int NT>
 __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, int ra, int rb, int t,
                                            Group<kFp8, G>& grp) {
 #pragma unroll
@@ -25,8 +25,8 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
     const int ci = c + i * W;
     load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
     if (kFp8 && ci < nchunks) {
-      grp.sa[i] = block_scale(p, ra, ci);
-      grp.sb[i] = block_scale(p, rb, ci);
+      grp.sa[i] = block_scale<NT>(p, ra, ci);
+      grp.sb[i] = block_scale<NT>(p, rb, ci);
     }
   }
 }
@@ -98,22 +98,22 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   Group<kFp8, G> wa, wb;
   int c = half * W + warp;
   // Weights are never written by a kernel: safe before the wait.
-  load_group<kFp8, G, WT>(p, c, nchunks, ra, rb, t, wa);
-  if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
+  load_group<kFp8, G, WT, NT>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G, WT, NT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO, W>(p, pro_smem, pw);
-  if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
+  run_prologue<PRO, W, kScaledX<kFp8, NT>>(p, pro_smem, pw);
+  if (prewait <= 1) load_group<kFp8, G, WT, NT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
     consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT, NT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
     consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT, NT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 
@@ -429,15 +429,14 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
               glu_out.data != out.data && glu_out.data != x.data)
         << "skinny_linear: SwiGLU output " << glu_out.describe() << " for " << out.describe();
     // The one-tile kernel without cluster pairs and the BF16 ring take it; other kernels write
-    // out, and SiLU·mul follows as its own launch.
-    if (!((tune.variant == 1 && tune.split != 2) || (tune.variant == 3 && !fp8))) {
-      launch_skinny_linear(ctx, out, x, w, ep, pro);
-      launch_silu_mul(ctx, glu_out, out);
-      return;
+    // out, and SiLU·mul follows as its own launch (silu_after).
+    if ((tune.variant == 1 && tune.split != 2) || (tune.variant == 3 && !fp8)) {
+      p.glu_out = glu_out.as<bf16>();
+      if (ctx.glu_launches != nullptr) ++*ctx.glu_launches;
     }
-    p.glu_out = glu_out.as<bf16>();
-    if (ctx.glu_launches != nullptr) ++*ctx.glu_launches;
   }
+  const bool silu_after = !glu_out.empty() && p.glu_out == nullptr;
+  if (pro.kind != SkinnyPrologue::kNone && ctx.prologue_launches != nullptr) ++*ctx.prologue_launches;
   // configure_skinny lets the kernels take the doubled bytes.
   p.silu_staged = (tune.variant == 1 || tune.variant == 3) && stages_silu(pro.kind, tune.stage, p.n);
   if (tune.variant == 4) {
@@ -475,6 +474,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     fp8 ? launch_stream<true>(ctx, p, pro.kind, tune.depth, tune.split)
         : launch_stream<false>(ctx, p, pro.kind, tune.depth, tune.split);
   }
+  if (silu_after) launch_silu_mul(ctx, glu_out, out);
 }
 
 }  // namespace qvl::cuda

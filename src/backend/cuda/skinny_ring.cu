@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     // Every block scale this block uses, once (a 16-row tile lies in one 128-row scale block).
     for (int i = threadIdx.x; i < my_tiles * nchunks; i += kWarps * 32) {
       const int ti = i / nchunks, c = i - ti * nchunks;
-      tile_scale[i] = block_scale(p, min((blockIdx.x + ti * gridDim.x) * kRows, p.N - 1), c);
+      tile_scale[i] = block_scale<1>(p, min((blockIdx.x + ti * gridDim.x) * kRows, p.N - 1), c);
     }
   }
   PrologueWeights pw;
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   __syncthreads();  // the barriers' initialisation
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO>(p, pro_smem, pw);
+  run_prologue<PRO, kWarps, kScaledX<kFp8, 1>>(p, pro_smem, pw);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int q = 0; q < total; ++q) {
