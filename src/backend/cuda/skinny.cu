@@ -17,7 +17,7 @@ struct Group {
 };
 
 // Loads group c: chunks past the end are zeros and cost no load.
-template <bool kFp8, int G, int W, int NT>
+template <bool kFp8, int G, int W>
 __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nchunks, int ra, int rb, int t,
                                            Group<kFp8, G>& grp) {
 #pragma unroll
@@ -25,8 +25,8 @@ __device__ __forceinline__ void load_group(const SkinnyParams& p, int c, int nch
     const int ci = c + i * W;
     load_weights<kFp8>(p, ci, ra, rb, t, grp.w[i]);
     if (kFp8 && ci < nchunks) {
-      grp.sa[i] = block_scale<NT>(p, ra, ci);
-      grp.sb[i] = block_scale<NT>(p, rb, ci);
+      grp.sa[i] = block_scale(p, ra, ci);
+      grp.sb[i] = block_scale(p, rb, ci);
     }
   }
 }
@@ -42,7 +42,8 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
     if (ci >= nchunks) break;
     float part[NT][4];
     chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
-    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
+    constexpr float f = kChunkFactor<kFp8, NT>;
+    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] * f : 1.0f, kFp8 ? grp.sb[i] * f : 1.0f);
   }
 }
 
@@ -98,22 +99,22 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   Group<kFp8, G> wa, wb;
   int c = half * W + warp;
   // Weights are never written by a kernel: safe before the wait.
-  load_group<kFp8, G, WT, NT>(p, c, nchunks, ra, rb, t, wa);
-  if (prewait > 1) load_group<kFp8, G, WT, NT>(p, c + kStride, nchunks, ra, rb, t, wb);
+  load_group<kFp8, G, WT>(p, c, nchunks, ra, rb, t, wa);
+  if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO, W, kScaledX<kFp8, NT>>(p, pro_smem, pw);
-  if (prewait <= 1) load_group<kFp8, G, WT, NT>(p, c + kStride, nchunks, ra, rb, t, wb);
+  if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
     consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wa, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT, NT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wa);
     c += kStride;
     if (c >= nchunks) break;
     consume_group<kFp8, G, NT, PRO, WT>(p, c, nchunks, t, g, wb, pro_smem, acc);
-    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT, NT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
+    if (c + 2 * kStride < nchunks) load_group<kFp8, G, WT>(p, c + 2 * kStride, nchunks, ra, rb, t, wb);
     c += kStride;
   }
 

@@ -402,13 +402,16 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
   }
 }
 
-// The FP8 block scale of weight row `row` in 128-column chunk c, as chunk_mma<kFp8, NT>'s sums
-// take it (kScaledX: times 2^56).
-template <int NT>
+// The FP8 block scale of weight row `row` in 128-column chunk c.
 __device__ __forceinline__ float block_scale(const SkinnyParams& p, int row, int c) {
-  const float s = __ldg(p.scale + static_cast<int64_t>(row >> p.scale_row_shift) * p.scale_cols + c);
-  return kScaledX<true, NT> ? s * kScaledXChunkScale : s;
+  return __ldg(p.scale + static_cast<int64_t>(row >> p.scale_row_shift) * p.scale_cols + c);
 }
+// What chunk_mma<kFp8, NT>'s sums are multiplied by besides the block scale (kScaledX: 2^56).
+// Applied where the sums join the total, not where the scale is loaded: a multiplication there
+// would wait for the load, which the kernels issue before the PDL wait, and hold up the weight
+// loads issued after it.
+template <bool kFp8, int NT>
+constexpr float kChunkFactor = kScaledX<kFp8, NT> ? kScaledXChunkScale : 1.0f;
 
 // acc += a chunk's partial sums, rows g times sa and rows g + 8 times sb (C fragment layout).
 template <int NT>

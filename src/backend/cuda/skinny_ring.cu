@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     // Every block scale this block uses, once (a 16-row tile lies in one 128-row scale block).
     for (int i = threadIdx.x; i < my_tiles * nchunks; i += kWarps * 32) {
       const int ti = i / nchunks, c = i - ti * nchunks;
-      tile_scale[i] = block_scale<1>(p, min((blockIdx.x + ti * gridDim.x) * kRows, p.N - 1), c);
+      tile_scale[i] = block_scale(p, min((blockIdx.x + ti * gridDim.x) * kRows, p.N - 1), c);
     }
   }
   PrologueWeights pw;
@@ -158,10 +158,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       float part[2][1][4];
       chunk_mma<kFp8, 1, PRO>(p, c0, t, g, w[0], pro_smem, part[0]);
       chunk_mma<kFp8, 1, PRO>(p, has1 ? c0 + kWarps : nchunks, t, g, w[1], pro_smem, part[1]);
-      const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] : 1.0f;
+      constexpr float f = kChunkFactor<kFp8, 1>;
+      const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] * f : 1.0f;
       accumulate_scaled(acc, part[0], s0, s0);
       if (has1) {
-        const float s1 = kFp8 ? tile_scale[ti * nchunks + c0 + kWarps] : 1.0f;
+        const float s1 = kFp8 ? tile_scale[ti * nchunks + c0 + kWarps] * f : 1.0f;
         accumulate_scaled(acc, part[1], s1, s1);
       }
     }

@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
       if (live) {
         float part[NT][4];
         chunk_mma<kFp8, NT, PRO>(p, c, t, g, ring[d], pro_smem, part);
-        accumulate_scaled(acc, part, kFp8 ? block_scale<NT>(p, ra, c) : 1.0f, kFp8 ? block_scale<NT>(p, rb, c) : 1.0f);
+        constexpr float f = kChunkFactor<kFp8, NT>;
+        accumulate_scaled(acc, part, kFp8 ? block_scale(p, ra, c) * f : 1.0f, kFp8 ? block_scale(p, rb, c) * f : 1.0f);
       }
       fetch(q + DEPTH, ring[d]);
       if ((q + 1) % per_tile != 0) continue;
