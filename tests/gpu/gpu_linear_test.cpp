@@ -780,7 +780,8 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
 // The CUDA backend computes an RMSNorm or SiLU·mul over few rows inside the Linear that reads it
 // (decode: by default RMSNorm up to 4 rows, SiLU·mul at 1; up to 8 where the options ask); both the
 // Linear's output and the intermediate it also writes must match, with the default limits and
-// with both at 8 (every case fused).
+// with both at 8 (every case fused); the launch counter (CudaFp8GemmCounts::skinny_prologue) shows
+// which Linears took the prologue.
 TEST(GpuOps, LinearFusedPrologues) {
   QVL_REQUIRE_CUDA();
   CudaBackendOptions all;
@@ -816,9 +817,13 @@ TEST(GpuOps, LinearFusedPrologues) {
         cuda()->synchronize();  // the uploads above went through cuda()'s stream
         cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
         cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
+        const bool all_fused = gpu != cuda();
+        int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
         gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
         gpu->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
         gpu->synchronize();  // read back through cuda()'s stream below
+        // Fused up to CudaBackendOptions::fused_rms_norm_max_rows rows (default 4).
+        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 4) ? 1 : 0) << shape;
         EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
         EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
 
@@ -829,9 +834,12 @@ TEST(GpuOps, LinearFusedPrologues) {
         cuda()->synchronize();
         cpu().silu_mul(a.c, gu.c);
         cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
+        before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
         gpu->silu_mul(a.g, gu.g);
         gpu->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
         gpu->synchronize();
+        // Fused up to CudaBackendOptions::fused_silu_mul_max_rows rows (default 1).
+        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 1) ? 1 : 0) << shape;
         EXPECT_TRUE(compare_pair("silu_mul+linear: linear", shape + " I1536 N512 +res", xr, tol::kGpuLinear));
         EXPECT_TRUE(compare_pair("silu_mul+linear: silu_mul", shape + " I1536", a, tol::kGpuElementwise));
       }
@@ -951,141 +959,5 @@ TEST(GpuOps, LinearSiluMulEpilogue) {
   }
 }
 
-// FP8 Linears of one token tile (up to 8 rows) widen e4m3 weights without their multiplication
-// by 2^120 and take x times 2^64 instead, the block scale times 2^56 (skinny_common.cuh
-// kScaledX); over 8 rows the kernels keep the multiplication. The two are the same bits wherever
-// every nonzero |x · e4m3(w)| >= 2^-70 and |x| < 2^64. Shown here: the one-tile kernel of 8 warps
-// at 9 rows (two token tiles, the multiplication) against the same kernel at 1, 3 and 8 rows, and
-// against 3 blocks per multiprocessor and the ring (sm_90), whose sums run in the same order;
-// each row bit for bit. x comes from global memory (1, 3, 8 rows), from the RMSNorm prologue and
-// from the SiLU·mul prologue (1, 3 rows; the smaller runs' own normalised / multiplied rows are
-// the 9-row run's input; the launch counter shows that the prologue ran). Rows of x span magnitudes 2^-30 .. 2^20; K of
-// 8 chunks (the last one short), 16, 20 (parts off the 128 grid: per-row scales) and 48; the weights hold e4m3
-// subnormals.
-TEST(GpuOps, LinearFp8ScaledXIsTheSameBits) {
-  QVL_REQUIRE_CUDA();
-  struct Config {
-    const char* name;
-    SkinnyTuning tune;
-    bool sm90;
-  };
-  const std::vector<Config> configs = {
-      {"groups of 1", {.variant = 1, .group = 1, .prewait = 1}, false},
-      {"groups of 2 before the wait", {.variant = 1, .group = 2, .prewait = 2}, false},
-      {"3 blocks", {.variant = 1, .group = 1, .prewait = 2, .blocks = 3}, false},
-      {"ring", {.variant = 3}, true},
-  };
-  struct Shape {
-    int64_t K;
-    std::vector<int64_t> parts;
-  };
-  const std::vector<Shape> shapes = {{1008, {300}}, {2048, {2048}}, {2560, {200, 184}}, {6144, {512}}};
-  constexpr int64_t kRef = 9;
-  const int exps[kRef] = {0, -30, 20, -12, 6, 0, -3, 9, -1};
-  CudaBackendOptions ro;
-  ro.skinny = {.variant = 1, .group = 1, .prewait = 1};
-  auto ref = make_cuda_backend(ro);
-  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
-  for (const Config& cfg : configs) {
-    if (cfg.sm90 && !is_sm90()) continue;
-    SCOPED_TRACE(cfg.name);
-    CudaBackendOptions o;
-    o.skinny = cfg.tune;
-    o.fused_rms_norm_max_rows = o.fused_silu_mul_max_rows = 8;
-    auto be = make_cuda_backend(o);
-    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
-    Backend& gpu = **be;
-    Backend& rb = **ref;
-    for (const Shape& sh : shapes) {
-      // The ring takes 128-row scale blocks only (elsewhere the defaults, which may add in
-      // another order, run in its place).
-      if (cfg.tune.variant == 3 && sh.parts.size() > 1) continue;
-      Scratch s;
-      const int64_t K = sh.K;
-      std::vector<HostPart> host;
-      host.reserve(sh.parts.size());
-      std::vector<LinearPart> parts;
-      int64_t N = 0;
-      for (int64_t rows : sh.parts) {
-        host.push_back(make_part(rows, K, true, 1.0f / std::sqrt(static_cast<float>(K))));
-        N += rows;
-      }
-      for (HostPart& h : host) parts.push_back(part_view(h, K, true));
-      int64_t subnormal = 0;  // e4m3 exponent 0, mantissa not 0
-      for (const HostPart& h : host)
-        for (uint8_t b : h.fp8) subnormal += (b & 0x78) == 0 && (b & 0x07) != 0;
-      EXPECT_GT(subnormal, 0) << "e4m3 subnormals among the weights";
-      auto wr = rb.load_linear(parts, Tensor(), 128);
-      auto wg = gpu.load_linear(parts, Tensor(), 128);
-      ASSERT_TRUE(wr.is_ok() && wg.is_ok());
-      // Row r of the 2 K values SiLU·mul takes: random times 2^exps[r]; x is its first K.
-      std::vector<float> src = random_values(kRef * 2 * K);
-      for (int64_t r = 0; r < kRef; ++r)
-        for (int64_t k = 0; k < 2 * K; ++k) src[r * 2 * K + k] = round_to_bf16(std::ldexp(src[r * 2 * K + k], exps[r]));
-      std::vector<float> xv(static_cast<size_t>(kRef * K));
-      for (int64_t r = 0; r < kRef; ++r) std::copy_n(src.begin() + r * 2 * K, K, xv.begin() + r * K);
-      std::vector<float> nw = random_values(K, 0.2f);
-      for (auto& v : nw) v += 1.0f;
-      Tensor norm_w = s.alloc(gpu, DType::kF32, {K});
-      gpu.copy_to_device(norm_w, nw.data());
-      auto upload = [&](Backend& b, const std::vector<float>& v, std::initializer_list<int64_t> dims) {
-        Tensor t = s.alloc(b, DType::kBF16, dims);
-        b.copy_to_device(t, to_bf16_bits(v).data());
-        return t;
-      };
-      // 9 rows through the reference kernel: x's first n rows replaced by `head`.
-      auto reference = [&](const std::vector<float>& head) {
-        std::vector<float> x9 = xv;
-        std::copy(head.begin(), head.end(), x9.begin());
-        Tensor x = upload(rb, x9, {kRef, K}), out = s.alloc(rb, DType::kBF16, {kRef, N});
-        rb.linear(out, x, *wr, {});
-        rb.synchronize();
-        return download(rb, out);
-      };
-      for (int64_t n : {1, 3, 8}) {
-        const std::string shape = "K" + std::to_string(K) + " N" + std::to_string(N) + " n" + std::to_string(n);
-        SCOPED_TRACE(shape);
-        auto same = [&](const char* what, const std::vector<float>& got, const std::vector<float>& want) {
-          const std::vector<float> head(want.begin(), want.begin() + n * N);
-          EXPECT_EQ(bits_differ(got, head), 0) << what << ": of " << got.size() << " outputs";
-        };
-        const std::vector<float> x_head(xv.begin(), xv.begin() + n * K);
-        // x from global memory.
-        {
-          Tensor x = upload(gpu, x_head, {n, K}), out = s.alloc(gpu, DType::kBF16, {n, N});
-          gpu.linear(out, x, *wg, {});
-          gpu.synchronize();
-          same("x", download(gpu, out), reference(x_head));
-        }
-        // The prologues take x of up to 40 KiB (kernels.h kFusedPrologueMaxBytes): 1 and 3 rows.
-        if (n > 3) continue;
-        // RMSNorm prologue: the reference takes the normalised rows this run wrote.
-        {
-          Tensor x = upload(gpu, x_head, {n, K}), h = s.alloc(gpu, DType::kBF16, {n, K});
-          Tensor out = s.alloc(gpu, DType::kBF16, {n, N});
-          const int64_t before = cuda_fp8_gemm_counts(gpu).skinny_prologue;
-          gpu.rms_norm(h, x, norm_w, 1e-6f);
-          gpu.linear(out, h, *wg, {});
-          gpu.synchronize();
-          EXPECT_EQ(cuda_fp8_gemm_counts(gpu).skinny_prologue - before, 1) << "the Linear took RMSNorm as its prologue";
-          same("rms_norm prologue", download(gpu, out), reference(download(gpu, h)));
-        }
-        // SiLU·mul prologue.
-        {
-          const std::vector<float> src_head(src.begin(), src.begin() + n * 2 * K);
-          Tensor gu = upload(gpu, src_head, {n, 2 * K}), a = s.alloc(gpu, DType::kBF16, {n, K});
-          Tensor out = s.alloc(gpu, DType::kBF16, {n, N});
-          const int64_t before = cuda_fp8_gemm_counts(gpu).skinny_prologue;
-          gpu.silu_mul(a, gu);
-          gpu.linear(out, a, *wg, {});
-          gpu.synchronize();
-          EXPECT_EQ(cuda_fp8_gemm_counts(gpu).skinny_prologue - before, 1)
-              << "the Linear took SiLU·mul as its prologue";
-          same("silu_mul prologue", download(gpu, out), reference(download(gpu, a)));
-        }
-      }
-    }
-  }
-}
 }  // namespace
 }  // namespace qvl::test::gpu

@@ -42,8 +42,7 @@ __device__ __forceinline__ void consume_group(const SkinnyParams& p, int c, int 
     if (ci >= nchunks) break;
     float part[NT][4];
     chunk_mma<kFp8, NT, PRO>(p, ci, t, g, grp.w[i], pro_smem, part);
-    constexpr float f = kChunkFactor<kFp8, NT>;
-    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] * f : 1.0f, kFp8 ? grp.sb[i] * f : 1.0f);
+    accumulate_scaled(acc, part, kFp8 ? grp.sa[i] : 1.0f, kFp8 ? grp.sb[i] : 1.0f);
   }
 }
 
@@ -105,7 +104,7 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   prefetch_prologue<PRO, W>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO, W, kScaledX<kFp8, NT>>(p, pro_smem, pw);
+  run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {

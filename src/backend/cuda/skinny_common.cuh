@@ -15,11 +15,9 @@
 // consecutive physical columns. Because A and B use the same permutation, the dot products
 // are unchanged. The next chunk's weights are loaded while the current one is multiplied.
 //
-// FP8 weights are widened to BF16 in registers exactly (e4m3 bits placed into bf16: the value
-// times 2^-120); each 128-wide chunk is one scale block along K, so its partial sum is
-// multiplied by the block scale in fp32 before it joins the total. With one token tile the 2^-120
-// is balanced by x times 2^64 and the block scale times 2^56 (kScaledX); otherwise each widened
-// pair is multiplied by 2^120 in bf16, which keeps subnormals exact.
+// FP8 weights are widened to BF16 in registers exactly (e4m3 bits placed into bf16, times
+// 2^120 in bf16, which keeps subnormals exact); each 128-wide chunk is one scale block along
+// K, so its partial sum is multiplied by the block scale in fp32 before it joins the total.
 // The 8 warps' partials meet in shared memory; the epilogue rounds like the reference:
 // v = bf16(acc + bias); v = bf16(act(v)); v = bf16(residual + v).
 //
@@ -117,34 +115,6 @@ __device__ __forceinline__ uint4 load_x8(const SkinnyParams& p, int tok, int k, 
   }
 }
 
-// FP8 with one token tile (up to 8 rows): the weights stay e4m3 * 2^-120 (three instructions per
-// pair, not four) and x is taken times 2^64: prologues write it so into shared memory, and x read
-// from global memory is multiplied in the chunk (8 bf16x2 multiplications against the 32 the
-// weights save). Every product is then x * w * 2^-56 exactly, the tensor cores' sums are 2^-56
-// times the unscaled ones (scaling every addend by a power of two changes no bit of the sum while
-// nothing is subnormal), and the block scale is taken times 2^56 (block_scale), whose product
-// with the sum is the unscaled product exactly. So the result is the same bits as with the
-// multiplication by 2^120, provided |x| < 2^64 (x * 2^64 stays finite in bf16) and every
-// nonzero product has |x * e4m3(w)| >= 2^-70 (x * w * 2^-56 stays a normal fp32 number), where
-// the widening with its multiplication needs |x * e4m3(w)| >= 2^-126. A model's activations are
-// many orders of magnitude inside both bounds. Past one token tile x is read by more lanes than
-// the weights save (NT · 8 multiplications per 128-column chunk): those keep the multiplication.
-template <bool kFp8, int NT>
-constexpr bool kScaledX = kFp8&& NT == 1;
-constexpr float kXScale = 0x1p64f, kScaledXChunkScale = 0x1p56f;
-
-// x * 2^64 for 8 bf16 values (exact for |x| < 2^64: a power of two, and bf16 subnormals become normal).
-__device__ __forceinline__ uint4 scale_x8(uint4 v) {
-  const bf162 f = __floats2bfloat162_rn(kXScale, kXScale);
-  uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bf162 r = __hmul2(*reinterpret_cast<const bf162*>(&u[i]), f);
-    u[i] = *reinterpret_cast<const uint32_t*>(&r);
-  }
-  return v;
-}
-
 // RMSNorm weights of the thread's first kPrologueWeightVecs vectors (columns 8v.., v = thread
 // + 32 W m), loaded before the PDL wait: weights are never written by a kernel.
 constexpr int kPrologueWeightVecs = 2;
@@ -182,14 +152,12 @@ __device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
 }
 
 // Runs after grid_dep_wait: fills prologue_x with x exactly as the unfused op writes it
-// (RMSNorm: bf16(w * bf16(x * rstd)); SiLU·mul: bf16(bf16(silu(g)) * u)), times 2^64 for an FP8
-// kernel's kScaledX chunks (kScale), and writes this block's share of x (unscaled) to global
-// memory (blocks split the n*K/8 vectors evenly), so x ends up fully written. Sums of squares
-// are reduced in a fixed order (deterministic).
-template <int PRO, int W = kWarps, bool kScale = false>
+// (RMSNorm: bf16(w * bf16(x * rstd)); SiLU·mul: bf16(bf16(silu(g)) * u)) and writes this
+// block's share of x to global memory (blocks split the n*K/8 vectors evenly), so x ends up
+// fully written. Sums of squares are reduced in a fixed order (deterministic).
+template <int PRO, int W = kWarps>
 __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem& ps, const PrologueWeights& pw) {
   static_assert(W <= kMaxWarps);
-  auto to_smem = [](uint4 x) { return kScale ? scale_x8(x) : x; };
   if constexpr (PRO != SkinnyPrologue::kNone) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kv = p.K / 8;  // vectors per row
@@ -243,7 +211,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
 #pragma unroll
           for (int e = 0; e < 8; ++e) x8[e] = w[e] * bf16_round(x8[e] * r);
           const uint4 x = pack8(x8);
-          prologue_x[i] = to_smem(x);
+          prologue_x[i] = x;
           if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
         }
       }
@@ -262,7 +230,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
       cp_async_wait_all();
       for (int i = threadIdx.x; i < p.n * kv; i += W * 32) {
         const uint4 x = silu_mul8(prologue_x[i], up[i]);
-        prologue_x[i] = to_smem(x);
+        prologue_x[i] = x;
         if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
     } else {
@@ -270,7 +238,7 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
         const int tok = i / kv, k = (i % kv) * 8;
         const bf16* row = p.src + static_cast<int64_t>(tok) * 2 * p.K;
         const uint4 x = silu_mul8(load16(row + k), load16(row + p.K + k));
-        prologue_x[i] = to_smem(x);
+        prologue_x[i] = x;
         if (i >= v0 && i < v1) reinterpret_cast<uint4*>(p.x_out)[i] = x;
       }
     }
@@ -291,30 +259,27 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // Two e4m3 bytes of w (bytes 0, 1 for sel kE4m3Lo, 2, 3 for kE4m3Hi) -> one bf16x2, exact. prmt
 // puts each byte b in the low byte of its half and b's sign, replicated, in the high byte (a
 // selector nibble with bit 3 set); shifted left by 4 and masked, each half is b's sign at bit 15
-// and its exponent and mantissa at bits 10..4: the bf16 whose value is e4m3(b) * 2^-120, subnormals
-// included (three instructions per pair). kTimes2p120: times 2^120 in bf16 as well (exact: four).
+// and its exponent and mantissa at bits 10..4: the bf16 whose value is e4m3(b) * 2^-120, which
+// the multiplication by 2^120 makes exact, subnormals included. Four instructions per pair.
 constexpr uint32_t kE4m3Lo = 0x9180u, kE4m3Hi = 0xB3A2u;
-template <bool kTimes2p120>
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t w, uint32_t sel) {
   uint32_t a;
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(a) : "r"(w), "r"(sel));  // [sign b_lo, b_lo, sign b_hi, b_hi]
   const uint32_t bits = (a << 4) & 0x87f087f0u;                 // e4m3 value * 2^-120, as bf16
-  if constexpr (!kTimes2p120) return bits;
   const bf162 scaled = __hmul2(*reinterpret_cast<const bf162*>(&bits), __floats2bfloat162_rn(0x1p120f, 0x1p120f));
   return *reinterpret_cast<const uint32_t*>(&scaled);
 }
 
 // A lane's 16 e4m3 weights of row a and of row b (16 bytes each) as BF16 pairs, in the order the
 // mmas take them: pair 2i / 2i + 1 from word i's low / high bytes.
-template <bool kTimes2p120>
 __device__ __forceinline__ void widen_fp8_rows(const uint4& a16, const uint4& b16, uint32_t (&wa)[8],
                                                uint32_t (&wb)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    wa[2 * i] = e4m3x2_to_bf16x2<kTimes2p120>(word(a16, i), kE4m3Lo);
-    wa[2 * i + 1] = e4m3x2_to_bf16x2<kTimes2p120>(word(a16, i), kE4m3Hi);
-    wb[2 * i] = e4m3x2_to_bf16x2<kTimes2p120>(word(b16, i), kE4m3Lo);
-    wb[2 * i + 1] = e4m3x2_to_bf16x2<kTimes2p120>(word(b16, i), kE4m3Hi);
+    wa[2 * i] = e4m3x2_to_bf16x2(word(a16, i), kE4m3Lo);
+    wa[2 * i + 1] = e4m3x2_to_bf16x2(word(a16, i), kE4m3Hi);
+    wb[2 * i] = e4m3x2_to_bf16x2(word(b16, i), kE4m3Lo);
+    wb[2 * i + 1] = e4m3x2_to_bf16x2(word(b16, i), kE4m3Hi);
   }
 }
 
@@ -369,15 +334,10 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
       const bool ok = tok < p.n && k < p.K;
       xv[j][0] = ok ? load_x8<PRO>(p, tok, k, pro_smem) : make_uint4(0, 0, 0, 0);
       if (kFp8) xv[j][kFp8 ? 1 : 0] = ok ? load_x8<PRO>(p, tok, k + 8, pro_smem) : make_uint4(0, 0, 0, 0);
-      // kScaledX: a prologue's x is already times 2^64 (run_prologue).
-      if constexpr (kScaledX<kFp8, NT> && PRO == SkinnyPrologue::kNone) {
-        xv[j][0] = scale_x8(xv[j][0]);
-        xv[j][kFp8 ? 1 : 0] = scale_x8(xv[j][kFp8 ? 1 : 0]);
-      }
     }
     if (kFp8) {
       uint32_t wa[8], wb[8];
-      widen_fp8_rows<!kScaledX<kFp8, NT>>(w[2 * s], w[2 * s + 1], wa, wb);
+      widen_fp8_rows(w[2 * s], w[2 * s + 1], wa, wb);
       // mma i covers physical columns 4i..4i+3 of the lane's 16.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -406,12 +366,6 @@ __device__ __forceinline__ void chunk_mma(const SkinnyParams& p, int c, int t, i
 __device__ __forceinline__ float block_scale(const SkinnyParams& p, int row, int c) {
   return __ldg(p.scale + static_cast<int64_t>(row >> p.scale_row_shift) * p.scale_cols + c);
 }
-// What chunk_mma<kFp8, NT>'s sums are multiplied by besides the block scale (kScaledX: 2^56).
-// Applied where the sums join the total, not where the scale is loaded: a multiplication there
-// would wait for the load, which the kernels issue before the PDL wait, and hold up the weight
-// loads issued after it.
-template <bool kFp8, int NT>
-constexpr float kChunkFactor = kScaledX<kFp8, NT> ? kScaledXChunkScale : 1.0f;
 
 // acc += a chunk's partial sums, rows g times sa and rows g + 8 times sb (C fragment layout).
 template <int NT>

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   __syncthreads();  // the barriers' initialisation
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO, kWarps, kScaledX<kFp8, 1>>(p, pro_smem, pw);
+  run_prologue<PRO>(p, pro_smem, pw);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int q = 0; q < total; ++q) {
@@ -158,11 +158,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       float part[2][1][4];
       chunk_mma<kFp8, 1, PRO>(p, c0, t, g, w[0], pro_smem, part[0]);
       chunk_mma<kFp8, 1, PRO>(p, has1 ? c0 + kWarps : nchunks, t, g, w[1], pro_smem, part[1]);
-      constexpr float f = kChunkFactor<kFp8, 1>;
-      const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] * f : 1.0f;
+      const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] : 1.0f;
       accumulate_scaled(acc, part[0], s0, s0);
       if (has1) {
-        const float s1 = kFp8 ? tile_scale[ti * nchunks + c0 + kWarps] * f : 1.0f;
+        const float s1 = kFp8 ? tile_scale[ti * nchunks + c0 + kWarps] : 1.0f;
         accumulate_scaled(acc, part[1], s1, s1);
       }
     }

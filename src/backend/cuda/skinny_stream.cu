@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
   prefetch_prologue<PRO>(p, pw);
   grid_dep_wait();
   grid_dep_launch();
-  run_prologue<PRO, kWarps, kScaledX<kFp8, NT>>(p, pro_smem, pw);
+  run_prologue<PRO>(p, pro_smem, pw);
 
   for (int q0 = 0; q0 < total; q0 += DEPTH) {
 #pragma unroll
@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 && DEPTH * Chunk<kFp8>::k
       if (live) {
         float part[NT][4];
         chunk_mma<kFp8, NT, PRO>(p, c, t, g, ring[d], pro_smem, part);
-        constexpr float f = kChunkFactor<kFp8, NT>;
-        accumulate_scaled(acc, part, kFp8 ? block_scale(p, ra, c) * f : 1.0f, kFp8 ? block_scale(p, rb, c) * f : 1.0f);
+        accumulate_scaled(acc, part, kFp8 ? block_scale(p, ra, c) : 1.0f, kFp8 ? block_scale(p, rb, c) : 1.0f);
       }
       fetch(q + DEPTH, ring[d]);
       if ((q + 1) % per_tile != 0) continue;

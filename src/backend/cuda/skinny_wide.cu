@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kWideThreads, NT <= 4 ? 2 : 1)
       for (int s = 0; s < 2; ++s) {  // 64-column steps: a lane's 16 bytes of rows ra, rb
         const uint4 w0 = lds128(st, wa_off[s]), w1 = lds128(st, wb_off[s]);
         uint32_t wa[8], wb[8];
-        widen_fp8_rows<true>(w0, w1, wa, wb);  // its own x path: not kScaledX
+        widen_fp8_rows(w0, w1, wa, wb);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint32_t jo = static_cast<uint32_t>(j * 8 * kChunk * 2);
