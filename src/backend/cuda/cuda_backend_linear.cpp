@@ -262,6 +262,18 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   gemm_linear(out, x, w, ep);
 }
 
+namespace {
+// The profiler's note of what a decode Linear computes besides itself: its fused prologue, and
+// SiLU·mul in its epilogue.
+std::string fused_note(const cuda::SkinnyPrologue& pro, bool glu_epilogue) {
+  std::string s = pro.kind == cuda::SkinnyPrologue::kRmsNorm   ? " +rms_norm"
+                  : pro.kind == cuda::SkinnyPrologue::kSiluMul ? " +silu_mul"
+                                                               : "";
+  if (glu_epilogue) s += " +silu_mul epilogue";
+  return s;
+}
+}  // namespace
+
 void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep,
                                 const cuda::SkinnyPrologue& pro) {
   // A SiLU·mul may follow where the output could be gate_up: out [n, 2 I], I % 8 == 0, nothing
@@ -271,22 +283,14 @@ void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight&
     lin_ = {true, out, x, w, pro};
     return;
   }
-  if (ctx_.profiler)
-    note_linear(out, x, w, ep,
-                pro.kind == cuda::SkinnyPrologue::kNone      ? ""
-                : pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm"
-                                                             : " +silu_mul");
+  if (ctx_.profiler) note_linear(out, x, w, ep, fused_note(pro, false).c_str());
   cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
 }
 
 void CudaBackend::launch_pending_linear(const Tensor& glu_out) {
   const PendingLinear l = std::move(lin_);
   lin_ = {};
-  if (ctx_.profiler) {
-    std::string extra = l.pro.kind == cuda::SkinnyPrologue::kRmsNorm ? " +rms_norm" : "";
-    if (!glu_out.empty()) extra += " +silu_mul epilogue";
-    note_linear(l.out, l.x, l.w, {}, extra.c_str());
-  }
+  if (ctx_.profiler) note_linear(l.out, l.x, l.w, {}, fused_note(l.pro, !glu_out.empty()).c_str());
   cuda::launch_skinny_linear(ctx_, l.out, l.x, l.w, {}, l.pro, glu_out);
 }
 
