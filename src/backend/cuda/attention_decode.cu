@@ -415,9 +415,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 
 // One key round of a dims block (kDims), by each warp: S^T of the round's `valid` keys (the
 // same in every warp), the online softmax over them, and O^T += V^T . P^T for the warp's OT
-// 16-dim tiles (dims 16 * OT * warp ..). Every key tile is computed, without a branch (a branch
-// per tile keeps the loads of one tile from being issued ahead of another's mmas): keys past
-// `valid` get S = -inf and P = 0, and their V rows are zero (zero_tail).
+// 16-dim tiles (dims 16 * OT * warp ..). Key tiles past `valid` are left out; their keys get
+// P = 0 (and their V rows are zero: zero_tail).
 template <int HD, int KS, int OT, int PP>
 __device__ __forceinline__ void dims_round(const DecodeParams& p, const char* kst, const char* vst, const char* nbuf,
                                            const uint32_t (&qf)[KS][2], bf16* pw, float (&o)[OT][4], float (&m_run)[2],
@@ -438,6 +437,7 @@ __device__ __forceinline__ void dims_round(const DecodeParams& p, const char* ks
   for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
     for (int j = 0; j < KT; ++j) {
+      if (16 * j >= valid) continue;
       uint32_t a[4];
       ldmatrix_x4(a, krow[j] + ks * 32 + (mi >> 1) * 16);
       mma_m16n8k16(s[j], a, qf[ks][0], qf[ks][1]);
@@ -496,6 +496,7 @@ __device__ __forceinline__ void dims_round(const DecodeParams& p, const char* ks
   }
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
+    if (16 * j >= valid) continue;
     uint32_t pb[2];
     ldmatrix_x2(pb, pw + (lane & 7) * PP + 16 * j + ((lane >> 3) & 1) * 8);
     const int kv_ = 16 * j + (lane & 7) + (mi >> 1) * 8;
