@@ -100,7 +100,6 @@ struct BenchOptions {
   int prefill_key_tiles = 8;             // A/B: prefill attention key tiles per block before a split
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
   bool no_decode_cluster_merge = false;  // A/B: decode attention splits merged by the last to arrive
-  int decode_attention_dims = -1;        // A/B: decode attention warps over keys (0) or head dims (1)
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
   std::string skip_kernels;              // measurement only: launches left out
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
@@ -175,7 +174,6 @@ Status run_bench(const BenchOptions& o) {
     opts.prefill_key_tiles = o.prefill_key_tiles;
     opts.decode_split_blocks = o.decode_split_blocks;
     opts.decode_cluster_merge = !o.no_decode_cluster_merge;
-    opts.decode_attention_dims = o.decode_attention_dims;
     opts.skip_kernels = o.skip_kernels;
     opts.decode_attention_exit = o.decode_attention_exit;
     opts.decode_attention_trace = o.decode_attention_trace;
@@ -560,8 +558,7 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_16_warp_launches", f.skinny_16_warps},
                           {"skinny_pair_launches", f.skinny_pairs},
                           {"skinny_glu_launches", f.skinny_glu},
-                          {"skinny_prologue_launches", f.skinny_prologue},
-                          {"decode_attention_dims_launches", f.decode_attention_dims}};
+                          {"skinny_prologue_launches", f.skinny_prologue}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -680,10 +677,6 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_flag("--no-decode-cluster-merge", o->no_decode_cluster_merge,
                "CUDA A/B: decode attention splits merged by the last block to arrive (through L2) instead of "
                "in a thread-block cluster");
-  app.add_option("--decode-attention-dims", o->decode_attention_dims,
-                 "CUDA A/B: decode attention warps share a split's keys (0) or its head dims (1) "
-                 "(default: dims for one sequence, CudaBackendOptions::decode_attention_dims)")
-      ->check(CLI::Range(-1, 1));
   add_wgmma_flags(app, &o->no_vision_wgmma, &o->no_prefill_wgmma);
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")

@@ -34,17 +34,14 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 // mma.sync flash kernels, split); on sm_90+ one with CudaBackendOptions::cluster_attention off
 // (and the warpgroup-MMA kernels off); and one with vision attention at one m-tile per warp and
 // prefill Q in its own shared memory, splitting from two key tiles on (vision_attention_mt = 1,
-// prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off). With decode_modes,
-// also the decode attention's two warp layouts forced (CudaBackendOptions::decode_attention_dims;
-// by default one sequence takes dims, more take keys): keys, dims, and on sm_90+ dims merged
-// through L2.
+// prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off).
 struct Gpu {
   std::string label;
   Backend* be;
 };
 class AttentionGpus {
  public:
-  explicit AttentionGpus(bool decode_modes = false) {
+  AttentionGpus() {
     list_.push_back({"", cuda()});
     auto info = cuda_device_info(0);
     const int cc = info.is_ok() ? info->compute_capability : 0;
@@ -71,20 +68,6 @@ class AttentionGpus {
     o.prefill_wgmma = false;
     mt1_ = cuda_backend_with(o);
     list_.push_back({kMt1, mt1_.get()});
-    if (!decode_modes) return;
-    for (const int dims : {0, 1}) {
-      CudaBackendOptions d;
-      d.decode_attention_dims = dims;
-      decode_.push_back(cuda_backend_with(d));
-      list_.push_back({dims ? " dims" : " keys", decode_.back().get()});
-    }
-    if (cc >= 90) {
-      CudaBackendOptions d;
-      d.decode_attention_dims = 1;
-      d.cluster_attention = false;
-      decode_.push_back(cuda_backend_with(d));
-      list_.push_back({" dims no-cluster", decode_.back().get()});
-    }
   }
   const std::vector<Gpu>& list() const { return list_; }
   // The label of the backend whose vision attention is the mma.sync kernel at two m-tiles per
@@ -95,7 +78,6 @@ class AttentionGpus {
 
  private:
   std::unique_ptr<Backend> mma_sync_, unsplit_, mt1_;
-  std::vector<std::unique_ptr<Backend>> decode_;
   std::vector<Gpu> list_;
 };
 
@@ -448,7 +430,7 @@ TEST(GpuOps, TextAttentionPageSizes) {
 // 16 for 4/2 heads) and the no-cluster backend through L2 (32 for one sequence).
 TEST(GpuOps, TextDecodeAttention) {
   QVL_REQUIRE_CUDA();
-  const AttentionGpus gpus(true);
+  const AttentionGpus gpus;
   run_text_attention("text_attention decode", {{1, 1}}, 16, 8, 128, DType::kBF16, &gpus);
   run_text_attention("text_attention decode", {{1, 5000}}, 16, 8, 128, DType::kBF16, &gpus);  // 16 / 32 splits
   run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kBF16, &gpus);
@@ -460,11 +442,7 @@ TEST(GpuOps, TextDecodeAttention) {
   for (int i = 0; i < 200; ++i) lots.push_back({1, 1 + i % 37});
   run_text_attention("text_attention decode", lots, 16, 8, 128, DType::kBF16, &gpus);  // unsplit
   run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
-  run_text_attention("text_attention decode", {{1, 200}}, 4, 2, 64, DType::kBF16, &gpus);  // empty splits
-  // Splits whose last round ends inside different key tiles, the newest key among them.
-  for (int ctx : {64 * 16 + 1, 64 * 16 + 17, 64 * 16 + 40, 64 * 16 + 63, 64 * 16 + 64})
-    run_text_attention("text_attention decode", {{1, ctx}}, 16, 8, 128, DType::kBF16, &gpus);
-  run_text_attention("text_attention decode", {{1, 64 * 16 + 40}, {1, 64 * 3 + 5}}, 32, 8, 128, DType::kF8E4M3, &gpus);
+  run_text_attention("text_attention decode", {{1, 200}}, 4, 2, 64, DType::kBF16, &gpus);         // empty splits
   run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kBF16, &gpus);  // generic kernel
   run_text_attention("text_attention decode", {{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, DType::kF8E4M3, &gpus);
   run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kF8E4M3, &gpus);
@@ -472,35 +450,31 @@ TEST(GpuOps, TextDecodeAttention) {
 }
 
 // The cluster merge and the L2 merge do the same arithmetic: with the same number of splits
-// they write the same bits, with the warps over keys and over head dims. Both backends are held
-// to 64 split blocks (8 splits of 8 kv heads: a portable cluster size, so the cluster backend
-// cannot take fewer).
+// they write the same bits. Both backends are held to 64 split blocks (8 splits of 8 kv heads:
+// a portable cluster size, so the cluster backend cannot take fewer).
 TEST(GpuOps, TextDecodeClusterMergeSameBits) {
   QVL_REQUIRE_CUDA();
   auto info = cuda_device_info(0);
   if (!info.is_ok() || info->compute_capability < 90) GTEST_SKIP() << "no thread-block clusters";
-  for (const int dims : {0, 1}) {
-    CudaBackendOptions o;
-    o.decode_split_blocks = 64;
-    o.decode_attention_dims = dims;
-    const std::unique_ptr<Backend> cluster = cuda_backend_with(o);
-    o.decode_cluster_merge = false;
-    const std::unique_ptr<Backend> l2 = cuda_backend_with(o);
-    for (const auto& [ctx, kv] :
-         {std::pair{5000, DType::kBF16}, std::pair{777, DType::kF8E4M3}, std::pair{40, DType::kBF16}}) {
-      TextSetup t;
-      setup_text(t, {{1, ctx}}, 8, 128, 2, kv, 16);
-      const int64_t width = int64_t{16 + 2 * 8} * 128;
-      Pair qkv = activation(t.s, {1, width}, random_values(width));
-      const TextAttentionShape shape{16, 8, 128};
-      std::vector<std::vector<uint16_t>> bits;
-      for (Backend* be : {cluster.get(), l2.get()}) {
-        Tensor out = filled_output(t.s, {1, 16 * 128}, 9.0f);
-        be->text_attention(out, qkv.g, t.bg, t.cg, 1, shape, 1.0f / std::sqrt(128.0f));
-        bits.push_back(raw<uint16_t>(*be, out));
-      }
-      EXPECT_EQ(first_difference(bits[0], bits[1]), -1) << "context " << ctx << (dims ? ", dims" : ", keys");
+  CudaBackendOptions o;
+  o.decode_split_blocks = 64;
+  const std::unique_ptr<Backend> cluster = cuda_backend_with(o);
+  o.decode_cluster_merge = false;
+  const std::unique_ptr<Backend> l2 = cuda_backend_with(o);
+  for (const auto& [ctx, kv] :
+       {std::pair{5000, DType::kBF16}, std::pair{777, DType::kF8E4M3}, std::pair{40, DType::kBF16}}) {
+    TextSetup t;
+    setup_text(t, {{1, ctx}}, 8, 128, 2, kv, 16);
+    const int64_t width = int64_t{16 + 2 * 8} * 128;
+    Pair qkv = activation(t.s, {1, width}, random_values(width));
+    const TextAttentionShape shape{16, 8, 128};
+    std::vector<std::vector<uint16_t>> bits;
+    for (Backend* be : {cluster.get(), l2.get()}) {
+      Tensor out = filled_output(t.s, {1, 16 * 128}, 9.0f);
+      be->text_attention(out, qkv.g, t.bg, t.cg, 1, shape, 1.0f / std::sqrt(128.0f));
+      bits.push_back(raw<uint16_t>(*be, out));
     }
+    EXPECT_EQ(first_difference(bits[0], bits[1]), -1) << "context " << ctx;
   }
 }
 

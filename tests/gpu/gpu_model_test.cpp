@@ -287,53 +287,5 @@ TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
   }
 }
 
-// The decode attention's two warp layouts (CudaBackendOptions::decode_attention_dims) in the
-// engine's one-sequence decode, with the fused q/k-norm, M-RoPE and K/V store: the tiny FP8 preset
-// (head dim 64, 2 q heads per kv head) and a head-dim-128 model with 4, each at the default split
-// count (one round per split) and at two splits per kv head (two rounds per split, the newest key
-// in the last). Each matches the oracle, and the counter shows which layout ran.
-TEST(GpuModel, DecodeAttentionWarpLayoutsMatchTheOracle) {
-  QVL_REQUIRE_CUDA();
-  ModelConfig wide = preset_config("tiny").value();
-  wide.text.hidden_size = 256;
-  wide.text.num_hidden_layers = 2;
-  wide.text.num_attention_heads = 8;
-  wide.text.num_key_value_heads = 2;
-  wide.text.head_dim = 128;
-  wide.text.intermediate_size = 512;
-  wide.text.mrope_section = {24, 20, 20};
-  wide.vision.out_hidden_size = 256;
-  const std::pair<std::string, ModelConfig> cases[] = {{"hd128-bf16", wide},
-                                                       {"tiny-fp8", preset_config("tiny-fp8").value()}};
-  for (const auto& [name, cfg] : cases) {
-    const std::string dir = scratch_dir("gpu_dims_" + name);
-    ASSERT_TRUE(generate_tiny(cfg, 13, dir).is_ok()) << name;
-    Loaded c = load(cpu(), dir, cfg);
-    ASSERT_TRUE(c.model);
-    const int n = 150;
-    const std::vector<float> ref = run_decode(*c.model, n);
-    for (const int dims : {0, 1}) {
-      for (const int blocks : {0, 2 * cfg.text.num_key_value_heads}) {
-        const std::string label = name + (dims ? " dims" : " keys") + (blocks ? ", 2 splits" : "");
-        CudaBackendOptions opt;
-        opt.decode_attention_dims = dims;
-        opt.decode_split_blocks = blocks;
-        auto be = make_cuda_backend(opt);
-        ASSERT_TRUE(be.is_ok()) << be.status().to_string();
-        Loaded g = load(**be, dir, cfg);
-        ASSERT_TRUE(g.model);
-        const std::vector<float> got = run_decode(*g.model, n);
-        const int64_t launches = cuda_fp8_gemm_counts(**be).decode_attention_dims;
-        if (dims)
-          EXPECT_GE(launches, cfg.text.num_hidden_layers) << label;  // graphs count theirs once, at capture
-        else
-          EXPECT_EQ(launches, 0) << label;
-        EXPECT_TRUE(compare("decode logits", label, got, ref, tol::kGpuModelLogits));
-      }
-    }
-    std::filesystem::remove_all(dir);
-  }
-}
-
 }  // namespace
 }  // namespace qvl::test::gpu

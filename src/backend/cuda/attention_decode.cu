@@ -5,18 +5,13 @@
 // each K/V row is read once for the group. The split count depends only on the number of
 // sequences (graph-safe); the keys of a split follow the actual context length, read on the
 // device. Keys go through shared memory in rounds of 64 (two stages, cp.async for a BF16 cache;
-// an FP8 cache is widened to BF16 on the way in). The 4 warps share a round in one of two ways
-// (kDims; CudaBackendOptions::decode_attention_dims), and never wait for each other inside a split:
-// - keys: each warp takes 16 keys of the round and runs its own online softmax over all dims:
-//     S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
-//     O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
-//                                                      FlashAttention and SDPA round it)
-//   and at the end the 4 warps' (m, l, O) merge in shared memory (two block barriers);
-// - dims: every warp computes S^T of all 64 keys (4 key tiles; the same scores, max and sum in
-//   each warp) and O^T for its own quarter of the dims, V^T[dh/4 x 64 keys] . P^T, so each warp
-//   ends with the split's final (m, l) and its part of O: nothing is merged in the block.
-// With one split the block then writes the output, otherwise its partial (O, m, l), and the last
-// split of a (sequence, kv head) to
+// an FP8 cache is widened to BF16 on the way in). Each of the 4 warps takes 16 keys of a round
+// and runs its own online softmax, so warps never wait for each other inside a split:
+//   S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
+//   O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
+//                                                    FlashAttention and SDPA round it)
+// At the end the 4 warps' (m, l, O) merge in shared memory; with one split the block writes the
+// output, otherwise its partial (O, m, l), and the last split of a (sequence, kv head) to
 // arrive merges the splits (an arrival counter: no second kernel). On sm_90 the splits of a
 // (sequence, kv head) can instead be one thread-block cluster (kCluster): each block stores its
 // partial straight into the shared memory of the blocks that write its outputs (each owns a
@@ -124,19 +119,12 @@ template <int HD>
 constexpr int pitch() {
   return HD * 2 + 16;
 }
-// Row pitch (elements) of a warp's P^T in shared memory, [8 heads][keys + 8]: the warp's 16 keys
-// of a round, or (kDims) all kRound of them. 48 and 144 bytes: odd multiples of 16, so the 8 rows
-// of an ldmatrix hit distinct banks.
-template <bool kDims>
-constexpr int p_pitch() {
-  return (kDims ? kRound : 16) + 8;
-}
-template <int HD, bool kDims>
+template <int HD>
 constexpr size_t decode_smem_bytes() {
   // stages x (K, V) x keys x pitch, then q [8][pitch], the newest key's K and V [2][pitch],
-  // then P [warps][8 heads][p_pitch]
+  // then P [warps][8 heads][16 keys + 8]
   return static_cast<size_t>(kStages) * 2 * kRound * pitch<HD>() + (kMaxGroup + 2) * pitch<HD>() +
-         kWarps * kMaxGroup * p_pitch<kDims>() * sizeof(bf16);
+         kWarps * kMaxGroup * 24 * sizeof(bf16);
 }
 
 // Keys per split for a context of `ctx` tokens: a multiple of 16, at least one round.
@@ -365,9 +353,9 @@ inline size_t inbox_bytes(int group, int hd, int splits) {
 }
 constexpr size_t kMaxInboxBytes =
     static_cast<size_t>(kMaxGroup * 128 + 4 * kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
-template <int HD, bool kDims>
+template <int HD>
 constexpr size_t inbox_offset() {
-  return (decode_smem_bytes<HD, kDims>() + 15) / 16 * 16;
+  return (decode_smem_bytes<HD>() + 15) / 16 * 16;
 }
 
 // The cluster's merge, run by every block of it: it waits until every active split's share of
@@ -413,128 +401,26 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   stamp(p, 11);
 }
 
-// One key round of a dims block (kDims), by each warp: S^T of the round's `valid` keys (the
-// same in every warp), the online softmax over them, and O^T += V^T . P^T for the warp's OT
-// 16-dim tiles (dims 16 * OT * warp ..). Key tiles past `valid` are left out; their keys get
-// P = 0 (and their V rows are zero: zero_tail).
-template <int HD, int KS, int OT, int PP>
-__device__ __forceinline__ void dims_round(const DecodeParams& p, const char* kst, const char* vst, const char* nbuf,
-                                           const uint32_t (&qf)[KS][2], bf16* pw, float (&o)[OT][4], float (&m_run)[2],
-                                           float (&l_run)[2], int k0, int valid, int newest, int warp, int lane) {
-  constexpr int KT = kRound / 16;  // key tiles of a round
-  const int g = lane >> 2, t = lane & 3, mi = lane >> 3;
-  // S^T = K . q^T per key tile j: rows = keys 16j + (g, g + 8), cols = heads (2t, 2t + 1).
-  float s[KT][4];
-  const char* krow[KT];
-#pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    const int kk = 16 * j + (lane & 7) + (mi & 1) * 8;
-    krow[j] = k0 + kk == newest ? nbuf : kst + kk * pitch<HD>();
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-    for (int j = 0; j < KT; ++j) {
-      if (16 * j >= valid) continue;
-      uint32_t a[4];
-      ldmatrix_x4(a, krow[j] + ks * 32 + (mi >> 1) * 16);
-      mma_m16n8k16(s[j], a, qf[ks][0], qf[ks][1]);
-    }
-  }
-  // Online softmax per head over the round (log2 domain); the round has >= 1 valid key.
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < KT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = 16 * j + g + (e >> 1) * 8;
-      s[j][e] = key < valid ? s[j][e] * p.scale_log2 : -INFINITY;
-      mx[e & 1] = fmaxf(mx[e & 1], s[j][e]);
-    }
-  }
-  float alpha[2], base[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-    const float m_new = fmaxf(m_run[h], mx[h]);
-    alpha[h] = exp2f(m_run[h] - m_new);
-    base[h] = m_new;
-    m_run[h] = m_new;
-  }
-  float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < KT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2f(s[j][e] - base[e & 1]);
-      sum[e & 1] += s[j][e];
-    }
-    // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
-    pw[(2 * t) * PP + 16 * j + g] = __float2bfloat16_rn(s[j][0]);
-    pw[(2 * t + 1) * PP + 16 * j + g] = __float2bfloat16_rn(s[j][1]);
-    pw[(2 * t) * PP + 16 * j + g + 8] = __float2bfloat16_rn(s[j][2]);
-    pw[(2 * t + 1) * PP + 16 * j + g + 8] = __float2bfloat16_rn(s[j][3]);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 4);
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 8);
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 16);
-    l_run[h] = l_run[h] * alpha[h] + sum[h];
-  }
-  __syncwarp();
-#pragma unroll
-  for (int m = 0; m < OT; ++m) {
-    o[m][0] *= alpha[0];
-    o[m][1] *= alpha[1];
-    o[m][2] *= alpha[0];
-    o[m][3] *= alpha[1];
-  }
-#pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    if (16 * j >= valid) continue;
-    uint32_t pb[2];
-    ldmatrix_x2(pb, pw + (lane & 7) * PP + 16 * j + ((lane >> 3) & 1) * 8);
-    const int kv_ = 16 * j + (lane & 7) + (mi >> 1) * 8;
-    const char* vrow = k0 + kv_ == newest ? nbuf + pitch<HD>() : vst + kv_ * pitch<HD>();
-#pragma unroll
-    for (int m = 0; m < OT; ++m) {
-      uint32_t a[4];
-      // A = V^T (dims 16 (OT warp + m).., keys 16j..): stored [key][dim], loaded transposed.
-      ldmatrix_x4_trans(a, vrow + (OT * warp + m) * 32 + (mi & 1) * 16);
-      mma_m16n8k16(o[m], a, pb[0], pb[1]);
-    }
-  }
-  __syncwarp();  // pw is rewritten next round
-}
-
 // kCluster: the splits of one (sequence, kv head) are one cluster of p.splits consecutive
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
 // Each block arrives at a cluster barrier on entry and waits on it just before its first remote
 // store: every block of the cluster has then started and initialised its inbox's mbarrier.
-template <int HD, bool kFp8, bool kCluster, bool kDims>
+template <int HD, bool kFp8, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
-  constexpr int KS = HD / 16;                   // k-steps of Q.K^T
-  constexpr int MT = HD / 16;                   // 16-dim tiles of O^T
-  constexpr int OT = kDims ? MT / kWarps : MT;  // of them, this warp's
-  constexpr int PP = p_pitch<kDims>();          // row pitch of a warp's P^T
-  static_assert(MT % kWarps == 0, "whole dim tiles per warp");
+  constexpr int KS = HD / 16;  // k-steps of Q.K^T
+  constexpr int MT = HD / 16;  // 16-dim tiles of O^T
   extern __shared__ __align__(16) char smem[];
   char* kv = smem;                                             // [stage][2 * kRound rows][pitch]
   char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
-  bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][PP]
+  bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
   __shared__ bool s_last;
   __shared__ uint64_t s_inbox_bar;  // kCluster: counts the bytes the peers push into the inbox
   // The warps' running max and sum per head once their keys are done, over each warp's own P
   // buffer (idle by then): shared memory stays within three blocks per multiprocessor with the
   // cluster merge's inbox.
   float* sml = reinterpret_cast<float*>(ps);
-  constexpr int kPwFloats = kMaxGroup * PP / 2;
+  constexpr int kPwFloats = kMaxGroup * 24 / 2;
   auto s_m = [sml](int w, int h) -> float& { return sml[w * kPwFloats + h]; };
   auto s_l = [sml](int w, int h) -> float& { return sml[w * kPwFloats + kMaxGroup + h]; };
   // Head h's running max over the warps and its sum rescaled to that max.
@@ -601,8 +487,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.debug_exit != 0) return;
     if constexpr (kCluster) {
       cluster_wait();
-      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD, kDims>()), &s_inbox_bar, seq,
-                        kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar, seq, kvh,
+                        group, split, active_splits(ctx, len, p.splits), warp, lane);
     }
     return;
   }
@@ -714,14 +600,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   cp_async_commit();
   stamp(p, 3);
 
-  float o[OT][4];
+  float o[MT][4];
 #pragma unroll
-  for (int m = 0; m < OT; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[m][e] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // heads 2t, 2t+1
   uint32_t qf[KS][2];
-  bf16* pw = ps + warp * kMaxGroup * PP;
+  bf16* pw = ps + warp * kMaxGroup * 24;
 
   for (int r = 0; r < nrounds; ++r) {
     const int k0 = k_begin + r * kRound;
@@ -745,80 +631,75 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     const char* kst = kv + (r % kStages) * 2 * kRound * pitch<HD>();
     const char* vst = kst + kRound * pitch<HD>();
-    if constexpr (kDims) {
-      dims_round<HD, KS, OT, PP>(p, kst, vst, nbuf, qf, pw, o, m_run, l_run, k0, min(kRound, k_end - k0), newest, warp,
-                                 lane);
-    } else {
-      const int kw = warp * 16;  // this warp's keys within the round
-      const int valid = min(16, k_end - k0 - kw);
-      if (valid > 0) {
-        // S^T = K . q^T: rows = keys kw + (g, g + 8), cols = heads (2t, 2t + 1).
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const int mi = lane >> 3;
-        // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
-        const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
-        const char* krow = k0 + kk == newest ? nbuf : kst + kk * pitch<HD>();
-        const char* vrow = k0 + kv_ == newest ? nbuf + pitch<HD>() : vst + kv_ * pitch<HD>();
+    const int kw = warp * 16;  // this warp's keys within the round
+    const int valid = min(16, k_end - k0 - kw);
+    if (valid > 0) {
+      // S^T = K . q^T: rows = keys kw + (g, g + 8), cols = heads (2t, 2t + 1).
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int mi = lane >> 3;
+      // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
+      const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
+      const char* krow = k0 + kk == newest ? nbuf : kst + kk * pitch<HD>();
+      const char* vrow = k0 + kv_ == newest ? nbuf + pitch<HD>() : vst + kv_ * pitch<HD>();
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-          uint32_t a[4];
-          ldmatrix_x4(a, krow + ks * 32 + (mi >> 1) * 16);
-          mma_m16n8k16(s, a, qf[ks][0], qf[ks][1]);
-        }
-        // Online softmax per head over this warp's keys (log2 domain).
-        float mx[2];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = g + (e >> 1) * 8;
-          s[e] = key < valid ? s[e] * p.scale_log2 : -INFINITY;
-        }
-        mx[0] = fmaxf(s[0], s[2]);
-        mx[1] = fmaxf(s[1], s[3]);
-        float alpha[2], base[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-          const float m_new = fmaxf(m_run[h], mx[h]);  // finite: this warp has >= 1 valid key
-          alpha[h] = exp2f(m_run[h] - m_new);
-          base[h] = m_new;
-          m_run[h] = m_new;
-        }
-        float pv[4], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          pv[e] = exp2f(s[e] - base[e & 1]);
-          sum[e & 1] += pv[e];
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 4);
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 8);
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 16);
-          l_run[h] = l_run[h] * alpha[h] + sum[h];
-        }
-        // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
-        pw[(2 * t) * PP + g] = __float2bfloat16_rn(pv[0]);
-        pw[(2 * t + 1) * PP + g] = __float2bfloat16_rn(pv[1]);
-        pw[(2 * t) * PP + g + 8] = __float2bfloat16_rn(pv[2]);
-        pw[(2 * t + 1) * PP + g + 8] = __float2bfloat16_rn(pv[3]);
-        __syncwarp();
-        uint32_t pb[2];
-        ldmatrix_x2(pb, pw + (lane & 7) * PP + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          o[m][0] *= alpha[0];
-          o[m][1] *= alpha[1];
-          o[m][2] *= alpha[0];
-          o[m][3] *= alpha[1];
-          uint32_t a[4];
-          // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
-          ldmatrix_x4_trans(a, vrow + m * 32 + (mi & 1) * 16);
-          mma_m16n8k16(o[m], a, pb[0], pb[1]);
-        }
-        __syncwarp();  // pw is rewritten next round
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, krow + ks * 32 + (mi >> 1) * 16);
+        mma_m16n8k16(s, a, qf[ks][0], qf[ks][1]);
       }
+      // Online softmax per head over this warp's keys (log2 domain).
+      float mx[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = g + (e >> 1) * 8;
+        s[e] = key < valid ? s[e] * p.scale_log2 : -INFINITY;
+      }
+      mx[0] = fmaxf(s[0], s[2]);
+      mx[1] = fmaxf(s[1], s[3]);
+      float alpha[2], base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
+        const float m_new = fmaxf(m_run[h], mx[h]);  // finite: this warp has >= 1 valid key
+        alpha[h] = exp2f(m_run[h] - m_new);
+        base[h] = m_new;
+        m_run[h] = m_new;
+      }
+      float pv[4], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pv[e] = exp2f(s[e] - base[e & 1]);
+        sum[e & 1] += pv[e];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 4);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 8);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 16);
+        l_run[h] = l_run[h] * alpha[h] + sum[h];
+      }
+      // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
+      pw[(2 * t) * 24 + g] = __float2bfloat16_rn(pv[0]);
+      pw[(2 * t + 1) * 24 + g] = __float2bfloat16_rn(pv[1]);
+      pw[(2 * t) * 24 + g + 8] = __float2bfloat16_rn(pv[2]);
+      pw[(2 * t + 1) * 24 + g + 8] = __float2bfloat16_rn(pv[3]);
+      __syncwarp();
+      uint32_t pb[2];
+      ldmatrix_x2(pb, pw + (lane & 7) * 24 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        o[m][0] *= alpha[0];
+        o[m][1] *= alpha[1];
+        o[m][2] *= alpha[0];
+        o[m][3] *= alpha[1];
+        uint32_t a[4];
+        // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
+        ldmatrix_x4_trans(a, vrow + m * 32 + (mi & 1) * 16);
+        mma_m16n8k16(o[m], a, pb[0], pb[1]);
+      }
+      __syncwarp();  // pw is rewritten next round
     }
     __syncthreads();  // this stage is refilled by the next round's prefetch
   }
@@ -826,163 +707,91 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   stamp(p, 5);
   if (p.trigger == 1) grid_dep_launch();
 
-  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD, kDims>());
-  const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
-  if constexpr (kDims) {
-    // Each warp holds the split's (m, l) of every head (the same in all four) and O for its own
-    // dims: O^T fragment o[m] = (dims DW * warp + 16m + g, + 8) x (heads 2t, 2t + 1).
-    constexpr int DW = HD / kWarps;
-    if (g == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        s_m(warp, 2 * t + h) = m_run[h];
-        s_l(warp, 2 * t + h) = l_run[h];
-      }
-    }
-    if (!kCluster || p.splits == 1) {
-      // One split writes the output; the L2 merge's splits write their partials.
-#pragma unroll
-      for (int m = 0; m < OT; ++m) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = DW * warp + 16 * m + g + (e >> 1) * 8, h = 2 * t + (e & 1);
-          if (h >= group) continue;
-          const int head = kvh * group + h;
-          if (p.splits == 1) {
-            const float l = l_run[e & 1];
-            p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] =
-                __float2bfloat16_rn(l > 0.0f ? o[m][e] / l : 0.0f);
-          } else {
-            p.partial[((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2) + d] = o[m][e];
-          }
-        }
-      }
-      if (p.splits > 1 && warp == 0 && g == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (2 * t + h >= group) continue;
-          float* part =
-              p.partial + ((static_cast<int64_t>(seq) * p.hq + kvh * group + 2 * t + h) * p.splits + split) * (HD + 2);
-          part[HD] = m_run[h];
-          part[HD + 1] = l_run[h];
-        }
-      }
-    }
-    if constexpr (kCluster) {
-      // The warp's O, [head][DW] over the idle stages, then 4 consecutive outputs of one head per
-      // lane to the block that writes them, in one st.async (per is a multiple of 4).
-      float* red = reinterpret_cast<float*>(smem) + warp * kMaxGroup * DW;
-#pragma unroll
-      for (int m = 0; m < OT; ++m)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[(2 * t + (e & 1)) * DW + 16 * m + g + (e >> 1) * 8] = o[m][e];
-      __syncwarp();
-      cluster_wait();  // every block of the cluster has started
-      if (p.splits > 1) {
-        for (int i = lane; i < group * (DW / 4); i += 32) {
-          const int h = i / (DW / 4), c = 4 * (i % (DW / 4));
-          const int idx = h * HD + DW * warp + c, dst = idx / per;
-          st_async_f32x4(cluster_peer_smem(smem_u32(inbox + split * per + (idx - dst * per)), dst),
-                         *reinterpret_cast<const float4*>(red + h * DW + c),
-                         cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
-        }
-        // (m, l) of head h to every block that writes some of head h's outputs, one thread each,
-        // from its own warp's copy.
-        for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
-          const int h = i / p.splits, r = i % p.splits;
-          if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
-          const uint32_t ml = cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
-          const uint32_t bar = cluster_peer_smem(smem_u32(&s_inbox_bar), r);
-          st_async_f32(ml, s_m(warp, h), bar);
-          st_async_f32(ml + 4, s_l(warp, h), bar);
-        }
-      }
-    }
-  } else {
-    // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
-    if (g == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        s_m(warp, 2 * t + h) = m_run[h];
-        s_l(warp, 2 * t + h) = l_run[h];
-      }
-    }
-    __syncthreads();
-    stamp(p, 8);
-    float* red = reinterpret_cast<float*>(smem);  // [warp][head][HD], over the (now idle) stages
-    float f[2];
+  // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
+  if (g == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mm = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, 2 * t + h));
-      f[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - mm);
+      s_m(warp, 2 * t + h) = m_run[h];
+      s_l(warp, 2 * t + h) = l_run[h];
     }
+  }
+  __syncthreads();
+  stamp(p, 8);
+  float* red = reinterpret_cast<float*>(smem);  // [warp][head][HD], over the (now idle) stages
+  float f[2];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
+  for (int h = 0; h < 2; ++h) {
+    float mm = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int d = 16 * m + g + (e >> 1) * 8, h = 2 * t + (e & 1);
-        red[(warp * kMaxGroup + h) * HD + d] = o[m][e] * f[e & 1];
-      }
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, s_m(w, 2 * t + h));
+    f[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - mm);
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = 16 * m + g + (e >> 1) * 8, h = 2 * t + (e & 1);
+      red[(warp * kMaxGroup + h) * HD + d] = o[m][e] * f[e & 1];
     }
-    __syncthreads();
-    if constexpr (kCluster) {
-      cluster_wait();  // every block of the cluster has started
-      if (p.splits > 1) {
-        // 4 consecutive outputs of one head per thread (their sums over the warps, unnormalised),
-        // to the block that writes them in one st.async (per is a multiple of 4).
-        for (int i = 4 * static_cast<int>(threadIdx.x); i < group * HD; i += 4 * kThreads) {
-          const int h = i / HD, d = i % HD;
-          float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) {
-            const float4 r = *reinterpret_cast<const float4*>(&red[(w * kMaxGroup + h) * HD + d]);
-            acc.x += r.x;
-            acc.y += r.y;
-            acc.z += r.z;
-            acc.w += r.w;
-          }
-          const int dst = i / per;
-          st_async_f32x4(cluster_peer_smem(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
-                         cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
-        }
-      }
-    }
-    // One split writes the output; the L2 merge's splits write their partials (a cluster's splits
-    // pushed theirs above).
-    if (!kCluster || p.splits == 1) {
-      for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+  }
+  __syncthreads();
+  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
+  const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
+  if constexpr (kCluster) {
+    cluster_wait();  // every block of the cluster has started
+    if (p.splits > 1) {
+      // 4 consecutive outputs of one head per thread (their sums over the warps, unnormalised),
+      // to the block that writes them in one st.async (per is a multiple of 4).
+      for (int i = 4 * static_cast<int>(threadIdx.x); i < group * HD; i += 4 * kThreads) {
         const int h = i / HD, d = i % HD;
-        float mm, l, acc = 0.0f;
-        head_ml(h, mm, l);
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
-        const int head = kvh * group + h;
-        if (p.splits == 1) {
-          p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
-        } else {
-          float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
-          part[d] = acc;
-          if (d == 0) {
-            part[HD] = mm;
-            part[HD + 1] = l;
-          }
+        for (int w = 0; w < kWarps; ++w) {
+          const float4 r = *reinterpret_cast<const float4*>(&red[(w * kMaxGroup + h) * HD + d]);
+          acc.x += r.x;
+          acc.y += r.y;
+          acc.z += r.z;
+          acc.w += r.w;
+        }
+        const int dst = i / per;
+        st_async_f32x4(cluster_peer_smem(smem_u32(inbox + split * per + (i - dst * per)), dst), acc,
+                       cluster_peer_smem(smem_u32(&s_inbox_bar), dst));
+      }
+    }
+  }
+  // One split writes the output; the L2 merge's splits write their partials (a cluster's splits
+  // pushed theirs above).
+  if (!kCluster || p.splits == 1) {
+    for (int i = threadIdx.x; i < group * HD; i += kThreads) {
+      const int h = i / HD, d = i % HD;
+      float mm, l, acc = 0.0f;
+      head_ml(h, mm, l);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
+      const int head = kvh * group + h;
+      if (p.splits == 1) {
+        p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
+      } else {
+        float* part = p.partial + ((static_cast<int64_t>(seq) * p.hq + head) * p.splits + split) * (HD + 2);
+        part[d] = acc;
+        if (d == 0) {
+          part[HD] = mm;
+          part[HD + 1] = l;
         }
       }
     }
-    if constexpr (kCluster) {
-      // (m, l) of head h to every block that writes some of head h's outputs, one thread each.
-      for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
-        const int h = i / p.splits, r = i % p.splits;
-        if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
-        float mm, l;
-        head_ml(h, mm, l);
-        const uint32_t ml = cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
-        const uint32_t bar = cluster_peer_smem(smem_u32(&s_inbox_bar), r);
-        st_async_f32(ml, mm, bar);
-        st_async_f32(ml + 4, l, bar);
-      }
+  }
+  if constexpr (kCluster) {
+    // (m, l) of head h to every block that writes some of head h's outputs, one thread each.
+    for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
+      const int h = i / p.splits, r = i % p.splits;
+      if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
+      float mm, l;
+      head_ml(h, mm, l);
+      const uint32_t ml = cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
+      const uint32_t bar = cluster_peer_smem(smem_u32(&s_inbox_bar), r);
+      st_async_f32(ml, mm, bar);
+      st_async_f32(ml + 4, l, bar);
     }
   }
   stamp(p, 6);
@@ -1036,22 +845,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
 // The decode kernel for a head dim (64 or 128) and cache dtype.
 template <bool kCluster>
-auto decode_kernel_for(int hd, bool fp8, bool dims) {
-  if (hd == 64) {
-    if (dims) return fp8 ? decode_kernel<64, true, kCluster, true> : decode_kernel<64, false, kCluster, true>;
-    return fp8 ? decode_kernel<64, true, kCluster, false> : decode_kernel<64, false, kCluster, false>;
-  }
-  if (dims) return fp8 ? decode_kernel<128, true, kCluster, true> : decode_kernel<128, false, kCluster, true>;
-  return fp8 ? decode_kernel<128, true, kCluster, false> : decode_kernel<128, false, kCluster, false>;
+auto decode_kernel_for(int hd, bool fp8) {
+  if (hd == 64) return fp8 ? decode_kernel<64, true, kCluster> : decode_kernel<64, false, kCluster>;
+  return fp8 ? decode_kernel<128, true, kCluster> : decode_kernel<128, false, kCluster>;
 }
 
-template <int HD, bool kFp8, bool kDims>
+template <int HD, bool kFp8>
 void configure_one() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false, kDims>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(decode_smem_bytes<HD, kDims>())));
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true, kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(inbox_offset<HD, kDims>() + kMaxInboxBytes)));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(decode_smem_bytes<HD>())));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes)));
 }
 
 }  // namespace
@@ -1066,24 +870,20 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
 
 int configure_decode_attention(bool clusters) {
   static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
-  configure_one<64, false, false>();
-  configure_one<128, false, false>();
-  configure_one<64, true, false>();
-  configure_one<128, true, false>();
-  configure_one<64, false, true>();
-  configure_one<128, false, true>();
-  configure_one<64, true, true>();
-  configure_one<128, true, true>();
+  configure_one<64, false>();
+  configure_one<128, false>();
+  configure_one<64, true>();
+  configure_one<128, true>();
   if (!clusters) return 0;
   // Clusters of up to 16 splits where the device can hold one (the shared memory of the
-  // largest head dim, in the dims layout, decides), else the portable 8.
+  // largest head dim decides), else the portable 8.
   int largest = 8;
-  if (cudaFuncSetAttribute(decode_kernel<128, false, true, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+  if (cudaFuncSetAttribute(decode_kernel<128, false, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
       cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(16);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = inbox_offset<128, true>() + kMaxInboxBytes;
+    cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 16;
@@ -1092,12 +892,8 @@ int configure_decode_attention(bool clusters) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true, true>, &cfg) == cudaSuccess && n > 0)
-      largest = 16;
-    for (auto* k : {decode_kernel<64, false, true, false>, decode_kernel<64, true, true, false>,
-                    decode_kernel<128, false, true, false>, decode_kernel<128, true, true, false>,
-                    decode_kernel<64, false, true, true>, decode_kernel<64, true, true, true>,
-                    decode_kernel<128, true, true, true>})
+    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true>, &cfg) == cudaSuccess && n > 0) largest = 16;
+    for (auto* k : {decode_kernel<64, false, true>, decode_kernel<64, true, true>, decode_kernel<128, true, true>})
       if (largest == 16 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
         largest = 8;
   }
@@ -1179,22 +975,16 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   }
   const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
-  // Warps over head dims for one sequence (CudaBackendOptions::decode_attention_dims).
-  const bool dims = ctx.decode_dims < 0 ? batch.num_seqs == 1 : ctx.decode_dims == 1;
-  if (dims && ctx.dims_launches != nullptr) ++*ctx.dims_launches;
-  const size_t smem = hd == 64 ? (dims ? decode_smem_bytes<64, true>() : decode_smem_bytes<64, false>())
-                               : (dims ? decode_smem_bytes<128, true>() : decode_smem_bytes<128, false>());
-  const size_t offset = hd == 64 ? (dims ? inbox_offset<64, true>() : inbox_offset<64, false>())
-                                 : (dims ? inbox_offset<128, true>() : inbox_offset<128, false>());
-  const size_t inbox = offset - smem + inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
+  const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
+  const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
+                       inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
   if (cluster)
-    launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits),
-                     decode_kernel_for<true>(hd, fp8, dims), dim3(units * static_cast<unsigned>(splits)),
-                     dim3(kThreads), smem + inbox, p);
+    launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8),
+                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox, p);
   else
-    launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8, dims),
-           dim3(units, static_cast<unsigned>(splits)), dim3(kThreads), smem, p);
+    launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8), dim3(units, static_cast<unsigned>(splits)),
+           dim3(kThreads), smem, p);
   return p.step_mode;
 }
 

@@ -67,10 +67,8 @@ Status CudaBackend::init() {
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;
   ctx_.glu_launches = &fp8_counts_.skinny_glu;
   ctx_.prologue_launches = &fp8_counts_.skinny_prologue;
-  ctx_.dims_launches = &fp8_counts_.decode_attention_dims;
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
-  ctx_.decode_dims = std::clamp(options_.decode_attention_dims, -1, 1);
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
     const size_t bytes = sizeof(uint64_t) * kDecodeTraceStamps * kDecodeTraceLayers * kDecodeSplitBlocks;
     QVL_ASSIGN_OR_RETURN(decode_trace_, allocate(bytes, "decode attention trace"));

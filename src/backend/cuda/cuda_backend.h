@@ -153,13 +153,6 @@ struct CudaBackendOptions {
   // the last block to arrive merging them through L2. The same arithmetic: the same bits for
   // the same number of splits (the cluster caps it at 16, the L2 merge at 32).
   bool decode_cluster_merge = true;
-  // Decode attention: how a block's 4 warps share a split's keys. 0 (keys): each warp takes 16
-  // keys of every 64-key round with its own online softmax over all head dims, and the warps'
-  // (m, l, O) merge through shared memory at the end (two block barriers). 1 (dims): every warp
-  // computes the scores of all 64 keys (the same softmax in each) and O for its own quarter of the
-  // head dims, so nothing is merged inside the block. -1: dims for one sequence, keys for more
-  // (attention_decode.cu). Both within the oracle's tolerance; not the same bits.
-  int decode_attention_dims = -1;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
@@ -306,9 +299,7 @@ void cuda_memory_reset_peak(Backend& backend);
 // was made, and how many launches the wide FP8 decode kernel (skinny_wide.cu), the one-tile
 // kernel's 16-warp blocks (BF16 Linears included) and its cluster pairs had, and how many decode
 // Linears (BF16 included) took SiLU·mul as their SwiGLU epilogue or a fused RMSNorm / SiLU·mul
-// prologue, and how many decode attention launches took the warps over head dims
-// (CudaBackendOptions::decode_attention_dims), those recorded into graphs included (tests and
-// benchmarks check which one did).
+// prologue, those recorded into graphs included (tests and benchmarks check which one did).
 struct CudaFp8GemmCounts {
   int64_t w8a8 = 0;
   int64_t dequant = 0;
@@ -317,7 +308,6 @@ struct CudaFp8GemmCounts {
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
   int64_t skinny_prologue = 0;
-  int64_t decode_attention_dims = 0;  // decode attention launches with warps over head dims
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -75,7 +75,6 @@ struct LaunchContext {
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
   int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
-  int decode_dims = -1;           // decode attention: CudaBackendOptions::decode_attention_dims
   int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
@@ -87,7 +86,6 @@ struct LaunchContext {
   int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
   int64_t* glu_launches = nullptr;       // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
   int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
-  int64_t* dims_launches = nullptr;      // decode attention with warps over head dims (CudaFp8GemmCounts)
   OpProfiler* profiler = nullptr;        // non-null while profiling
   SkinnyTuning skinny;
 };
