@@ -45,6 +45,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRound = 16 * kWarps;  // keys per round
 constexpr int kMaxGroup = 8;         // query heads per kv head (the mma's N)
 constexpr int kStages = 2;
+constexpr int kMaxClusterSplits = 16;  // the largest decode cluster (configure_decode_attention)
 
 struct DecodeParams {
   const bf16* qkv;
@@ -358,6 +359,20 @@ constexpr size_t inbox_offset() {
   return (decode_smem_bytes<HD>() + 15) / 16 * 16;
 }
 
+// The block's merge of its warps' O: [warp][head][red_pitch] floats at the start of the (then
+// idle) stages. HD + 4: the 4 lanes of an mma fragment row hold heads 2t (t = 0..3), and rows
+// 2 * (HD + 4) floats apart start 8 banks apart (at a pitch of HD they would share one: 4-way
+// conflicts on every store); float4 reads stay aligned. The cluster merge's split weights follow
+// it, so that no block writes them over values its other warps may still be reading to push.
+template <int HD>
+constexpr int red_pitch() {
+  return HD + 4;
+}
+template <int HD>
+constexpr int wsplit_offset() {  // floats
+  return kWarps * kMaxGroup * red_pitch<HD>();
+}
+
 // The cluster's merge, run by every block of it: it waits until every active split's share of
 // its outputs has landed in its inbox (bytes counted on its mbarrier), then warp h takes
 // head h's (m, l) of every split (one per lane) and leaves each split's weight exp2(m_s - M) / L,
@@ -367,9 +382,10 @@ constexpr size_t inbox_offset() {
 // block's shared memory and no block waits for the whole cluster.
 template <int HD>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
-                                              int seq, int kvh, int group, int rank, int active, int warp, int lane) {
-  static_assert(kMaxGroup * kDecodeMaxSplits * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
-                "the split weights fit in the stages");
+                                              int row, int kvh, int group, int rank, int active, int warp, int lane) {
+  static_assert(
+      (wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
+      "the warps' O and the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
   if (i0 >= i1) return;  // no outputs here, nothing sent here
@@ -379,7 +395,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   mbar_wait_cluster(bar);
   stamp(p, 9);
   const float* in_ml = inbox + p.splits * per;
-  float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits], over the idle stages
+  // [head][kDecodeMaxSplits], over the idle stages, past the warps' O
+  float* wsplit = reinterpret_cast<float*>(smem) + wsplit_offset<HD>();
   // Only the heads of this block's outputs have their (m, l) here.
   for (int h = i0 / HD + warp; h <= (i1 - 1) / HD; h += kWarps) {
     const float m = lane < active ? in_ml[(lane * group + h) * 2] : -INFINITY;
@@ -391,11 +408,14 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   }
   __syncthreads();
   stamp(p, 10);
-  const int row = p.query_start[seq];
   for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float acc = 0.0f;
-    for (int sp = 0; sp < active; ++sp) acc += inbox[sp * per + (i - i0)] * wsplit[h * kDecodeMaxSplits + sp];
+    // Unrolled over the largest cluster: the inbox loads are issued together, the sum keeps its
+    // order.
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp)
+      if (sp < active) acc += inbox[sp * per + (i - i0)] * wsplit[h * kDecodeMaxSplits + sp];
     p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
   stamp(p, 11);
@@ -487,8 +507,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.debug_exit != 0) return;
     if constexpr (kCluster) {
       cluster_wait();
-      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar, seq, kvh,
-                        group, split, active_splits(ctx, len, p.splits), warp, lane);
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar,
+                        p.query_start[seq], kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     }
     return;
   }
@@ -717,7 +737,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   __syncthreads();
   stamp(p, 8);
-  float* red = reinterpret_cast<float*>(smem);  // [warp][head][HD], over the (now idle) stages
+  constexpr int RP = red_pitch<HD>();
+  float* red = reinterpret_cast<float*>(smem);  // [warp][head][RP], over the (now idle) stages
   float f[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -731,7 +752,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int d = 16 * m + g + (e >> 1) * 8, h = 2 * t + (e & 1);
-      red[(warp * kMaxGroup + h) * HD + d] = o[m][e] * f[e & 1];
+      red[(warp * kMaxGroup + h) * RP + d] = o[m][e] * f[e & 1];
     }
   }
   __syncthreads();
@@ -747,7 +768,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) {
-          const float4 r = *reinterpret_cast<const float4*>(&red[(w * kMaxGroup + h) * HD + d]);
+          const float4 r = *reinterpret_cast<const float4*>(&red[(w * kMaxGroup + h) * RP + d]);
           acc.x += r.x;
           acc.y += r.y;
           acc.z += r.z;
@@ -767,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       float mm, l, acc = 0.0f;
       head_ml(h, mm, l);
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * HD + d];
+      for (int w = 0; w < kWarps; ++w) acc += red[(w * kMaxGroup + h) * RP + d];
       const int head = kvh * group + h;
       if (p.splits == 1) {
         p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
@@ -798,7 +819,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (p.trigger == 2) grid_dep_launch();
   if (p.splits == 1) return;
   if constexpr (kCluster) {
-    cluster_merge<HD>(p, smem, inbox, &s_inbox_bar, seq, kvh, group, split, active_splits(ctx, len, p.splits), warp,
+    cluster_merge<HD>(p, smem, inbox, &s_inbox_bar, row, kvh, group, split, active_splits(ctx, len, p.splits), warp,
                       lane);
     stamp(p, 7);
     return;
@@ -875,26 +896,28 @@ int configure_decode_attention(bool clusters) {
   configure_one<64, true>();
   configure_one<128, true>();
   if (!clusters) return 0;
-  // Clusters of up to 16 splits where the device can hold one (the shared memory of the
-  // largest head dim decides), else the portable 8.
+  // Clusters of up to kMaxClusterSplits splits where the device can hold one (the shared memory
+  // of the largest head dim decides), else the portable 8.
   int largest = 8;
   if (cudaFuncSetAttribute(decode_kernel<128, false, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
       cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(16);
+    cfg.gridDim = dim3(kMaxClusterSplits);
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 16;
+    attr.val.clusterDim.x = kMaxClusterSplits;
     attr.val.clusterDim.y = 1;
     attr.val.clusterDim.z = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true>, &cfg) == cudaSuccess && n > 0) largest = 16;
+    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true>, &cfg) == cudaSuccess && n > 0)
+      largest = kMaxClusterSplits;
     for (auto* k : {decode_kernel<64, false, true>, decode_kernel<64, true, true>, decode_kernel<128, true, true>})
-      if (largest == 16 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+      if (largest == kMaxClusterSplits &&
+          cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
         largest = 8;
   }
   cudaGetLastError();  // a refused non-portable size is not an error here
