@@ -362,44 +362,30 @@ constexpr size_t inbox_offset() {
 // The block's merge of its warps' O: [warp][head][red_pitch] floats at the start of the (then
 // idle) stages. HD + 4: the 4 lanes of an mma fragment row hold heads 2t (t = 0..3), and rows
 // 2 * (HD + 4) floats apart start 8 banks apart (at a pitch of HD they would share one: 4-way
-// conflicts on every store); float4 reads stay aligned.
+// conflicts on every store); float4 reads stay aligned. The cluster merge's split weights follow
+// it, so that no block writes them over values its other warps may still be reading to push.
 template <int HD>
 constexpr int red_pitch() {
   return HD + 4;
 }
-
-// One output of the split merge: (sum_s O_s * w_s) / (sum_s l_s * w_s) over the active splits in
-// split order, w_s = exp2(m_s - max m) (0 for a split without keys); 0 where no split has keys.
-// Each output's thread computes its weights itself: no warp reductions and no barrier between the
-// inbox and the outputs. The cluster merge and the last-arriver merge both take this arithmetic:
-// the same bits for the same number of splits. load_m(s): split s's m; load(s): its (O, m, l).
-template <int kMax, class LoadM, class Load>
-__device__ __forceinline__ float merge_splits(int active, LoadM load_m, Load load) {
-  float mm = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < kMax; ++s)
-    if (s < active) mm = fmaxf(mm, load_m(s));
-  float acc = 0.0f, total = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMax; ++s) {
-    if (s < active) {
-      const float3 v = load(s);
-      const float w = v.y == -INFINITY ? 0.0f : exp2f(v.y - mm);
-      acc += v.x * w;
-      total += v.z * w;
-    }
-  }
-  return total > 0.0f ? acc / total : 0.0f;
+template <int HD>
+constexpr int wsplit_offset() {  // floats
+  return kWarps * kMaxGroup * red_pitch<HD>();
 }
 
 // The cluster's merge, run by every block of it: it waits until every active split's share of
-// its outputs has landed in its inbox (bytes counted on its mbarrier), then block `rank` writes
-// output elements [rank * per, (rank + 1) * per) of the group's heads from its inbox
-// (merge_splits, as the last-arriver merge does). Nothing reads another block's shared memory and
-// no block waits for the whole cluster.
+// its outputs has landed in its inbox (bytes counted on its mbarrier), then warp h takes
+// head h's (m, l) of every split (one per lane) and leaves each split's weight exp2(m_s - M) / L,
+// as the last-arriver merge does; then block `rank` writes output elements [rank * per,
+// (rank + 1) * per) of the group's heads from its inbox (the same arithmetic as the
+// last-arriver merge: the same bits for the same number of splits). Nothing reads another
+// block's shared memory and no block waits for the whole cluster.
 template <int HD>
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float* inbox, uint64_t* bar, int row,
-                                              int kvh, int group, int rank, int active) {
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
+                                              int row, int kvh, int group, int rank, int active, int warp, int lane) {
+  static_assert(
+      (wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
+      "the warps' O and the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
   if (i0 >= i1) return;  // no outputs here, nothing sent here
@@ -408,17 +394,29 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
   if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
   mbar_wait_cluster(bar);
   stamp(p, 9);
-  stamp(p, 10);  // (the split weights: computed per output below)
-  // [split][group][m, l]; only the heads of this block's outputs have theirs here.
   const float* in_ml = inbox + p.splits * per;
+  // [head][kDecodeMaxSplits], over the idle stages, past the warps' O
+  float* wsplit = reinterpret_cast<float*>(smem) + wsplit_offset<HD>();
+  // Only the heads of this block's outputs have their (m, l) here.
+  for (int h = i0 / HD + warp; h <= (i1 - 1) / HD; h += kWarps) {
+    const float m = lane < active ? in_ml[(lane * group + h) * 2] : -INFINITY;
+    const float l = lane < active ? in_ml[(lane * group + h) * 2 + 1] : 0.0f;
+    const float mm = warp_max(m);
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
+    const float total = warp_sum(l * w);
+    wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
+  }
+  __syncthreads();
+  stamp(p, 10);
   for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads) {
     const int h = i / HD, d = i % HD;
-    const float* o = inbox + (i - i0);
-    const float* ml = in_ml + 2 * h;
-    const float v = merge_splits<kMaxClusterSplits>(
-        active, [&](int s) { return ml[s * 2 * group]; },
-        [&](int s) { return make_float3(o[s * per], ml[s * 2 * group], ml[s * 2 * group + 1]); });
-    p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(v);
+    float acc = 0.0f;
+    // Unrolled over the largest cluster: the inbox loads are issued together, the sum keeps its
+    // order.
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp)
+      if (sp < active) acc += inbox[sp * per + (i - i0)] * wsplit[h * kDecodeMaxSplits + sp];
+    p.out[static_cast<int64_t>(row) * p.hq * HD + (kvh * group + h) * HD + d] = __float2bfloat16_rn(acc);
   }
   stamp(p, 11);
 }
@@ -509,8 +507,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.debug_exit != 0) return;
     if constexpr (kCluster) {
       cluster_wait();
-      cluster_merge<HD>(p, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar, p.query_start[seq],
-                        kvh, group, split, active_splits(ctx, len, p.splits));
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar,
+                        p.query_start[seq], kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     }
     return;
   }
@@ -740,7 +738,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __syncthreads();
   stamp(p, 8);
   constexpr int RP = red_pitch<HD>();
-  static_assert(kWarps * kMaxGroup * RP * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(), "O fits the stages");
   float* red = reinterpret_cast<float*>(smem);  // [warp][head][RP], over the (now idle) stages
   float f[2];
 #pragma unroll
@@ -822,7 +819,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (p.trigger == 2) grid_dep_launch();
   if (p.splits == 1) return;
   if constexpr (kCluster) {
-    cluster_merge<HD>(p, inbox, &s_inbox_bar, row, kvh, group, split, active_splits(ctx, len, p.splits));
+    cluster_merge<HD>(p, smem, inbox, &s_inbox_bar, row, kvh, group, split, active_splits(ctx, len, p.splits), warp,
+                      lane);
     stamp(p, 7);
     return;
   }
@@ -840,18 +838,28 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // Every output element merges its splits (merge_splits).
+  // Warp h reads head h's (m, l) of every split (one per lane) and leaves each split's weight
+  // exp2(m_s - M) / L in shared memory; then every output element sums its splits.
+  float* wsplit = reinterpret_cast<float*>(smem);  // [head][kDecodeMaxSplits]
+  for (int h = warp; h < group; h += kWarps) {
+    const int head = kvh * group + h;
+    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + head) * p.splits * (HD + 2);
+    const float m = lane < active ? __ldcg(base + lane * (HD + 2) + HD) : -INFINITY;
+    const float l = lane < active ? __ldcg(base + lane * (HD + 2) + HD + 1) : 0.0f;
+    const float mm = warp_max(m);
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
+    const float total = warp_sum(l * w);
+    wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < group * HD; i += kThreads) {
     const int h = i / HD, d = i % HD;
     const int head = kvh * group + h;
-    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + head) * p.splits * (HD + 2);
-    const float v = merge_splits<kDecodeMaxSplits>(
-        active, [&](int s) { return __ldcg(base + s * (HD + 2) + HD); },
-        [&](int s) {
-          const float* part = base + s * (HD + 2);
-          return make_float3(__ldcg(part + d), __ldcg(part + HD), __ldcg(part + HD + 1));
-        });
-    p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(v);
+    const float* base = p.partial + (static_cast<int64_t>(seq) * p.hq + head) * p.splits * (HD + 2) + d;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < active; ++sp) acc += __ldcg(base + sp * (HD + 2)) * wsplit[h * kDecodeMaxSplits + sp];
+    p.out[static_cast<int64_t>(row) * p.hq * HD + head * HD + d] = __float2bfloat16_rn(acc);
   }
   if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
 }
@@ -882,7 +890,7 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
 }
 
 int configure_decode_attention(bool clusters) {
-  static_assert(kMaxClusterSplits <= kDecodeMaxSplits, "a cluster's splits fit the partials' scratch");
+  static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
   configure_one<64, false>();
   configure_one<128, false>();
   configure_one<64, true>();
