@@ -423,9 +423,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 
 // kCluster: the splits of one (sequence, kv head) are one cluster of p.splits consecutive
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
-// Each block arrives at a cluster barrier on entry and waits on it before its first remote store
-// (once its q is prepared, while its first keys land): every block of the cluster has then
-// started and initialised its inbox's mbarrier.
+// Each block arrives at a cluster barrier on entry and waits on it just before its first remote
+// store: every block of the cluster has then started and initialised its inbox's mbarrier.
 template <int HD, bool kFp8, bool kCluster>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
@@ -619,9 +618,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   cp_async_commit();
-  // Every block of the cluster has started (before the first push): waited for here, while the
-  // first keys land, rather than between the merge's steps.
-  if constexpr (kCluster) cluster_wait();
   stamp(p, 3);
 
   float o[MT][4];
@@ -741,20 +737,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   __syncthreads();
   stamp(p, 8);
-  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
-  const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
-  if constexpr (kCluster) {
-    // (m, l) of head h to every block that writes some of head h's outputs, one thread each, in
-    // one st.async, before the block's O is summed.
-    for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
-      const int h = i / p.splits, r = i % p.splits;
-      if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
-      float mm, l;
-      head_ml(h, mm, l);
-      st_async_f32x2(cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r), mm, l,
-                     cluster_peer_smem(smem_u32(&s_inbox_bar), r));
-    }
-  }
   constexpr int RP = red_pitch<HD>();
   float* red = reinterpret_cast<float*>(smem);  // [warp][head][RP], over the (now idle) stages
   float f[2];
@@ -774,7 +756,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   __syncthreads();
+  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
+  const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
   if constexpr (kCluster) {
+    cluster_wait();  // every block of the cluster has started
     if (p.splits > 1) {
       // 4 consecutive outputs of one head per thread (their sums over the warps, unnormalised),
       // to the block that writes them in one st.async (per is a multiple of 4).
@@ -815,6 +800,19 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
           part[HD + 1] = l;
         }
       }
+    }
+  }
+  if constexpr (kCluster) {
+    // (m, l) of head h to every block that writes some of head h's outputs, one thread each.
+    for (int i = threadIdx.x; i < group * p.splits; i += kThreads) {
+      const int h = i / p.splits, r = i % p.splits;
+      if (h * HD >= (r + 1) * per || (h + 1) * HD <= r * per) continue;
+      float mm, l;
+      head_ml(h, mm, l);
+      const uint32_t ml = cluster_peer_smem(smem_u32(inbox + p.splits * per + (split * group + h) * 2), r);
+      const uint32_t bar = cluster_peer_smem(smem_u32(&s_inbox_bar), r);
+      st_async_f32(ml, mm, bar);
+      st_async_f32(ml + 4, l, bar);
     }
   }
   stamp(p, 6);

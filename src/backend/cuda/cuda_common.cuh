@@ -251,14 +251,6 @@ __device__ __forceinline__ void st_async_f32(uint32_t remote, float v, uint32_t 
                : "memory");
 #endif
 }
-// Two consecutive floats (8-byte aligned) in one st.async.
-__device__ __forceinline__ void st_async_f32x2(uint32_t remote, float a, float b, uint32_t remote_bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(remote),
-               "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(remote_bar)
-               : "memory");
-#endif
-}
 // Four consecutive floats (16-byte aligned at both ends) in one st.async.
 __device__ __forceinline__ void st_async_f32x4(uint32_t remote, float4 v, uint32_t remote_bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
