@@ -442,6 +442,9 @@ TEST(GpuOps, TextDecodeAttention) {
   for (int i = 0; i < 200; ++i) lots.push_back({1, 1 + i % 37});
   run_text_attention("text_attention decode", lots, 16, 8, 128, DType::kBF16, &gpus);  // unsplit
   run_text_attention("text_attention decode", {{1, 300}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
+  // 8 q heads per kv head (the kernel's largest group): each cluster block merges part of one head.
+  run_text_attention("text_attention decode", {{1, 3000}}, 64, 8, 128, DType::kBF16, &gpus);
+  run_text_attention("text_attention decode", {{1, 3000}, {1, 17}}, 64, 8, 128, DType::kF8E4M3, &gpus);
   run_text_attention("text_attention decode", {{1, 200}}, 4, 2, 64, DType::kBF16, &gpus);  // empty splits
   // Splits whose last round ends inside different 16-key warp tiles, the newest key among them.
   for (int ctx : {64 * 16 + 1, 64 * 16 + 17, 64 * 16 + 40, 64 * 16 + 63, 64 * 16 + 64})
