@@ -25,8 +25,9 @@
 // its K and V sit in a buffer of their own, and the ldmatrix row address of that key points
 // there. Fused with text_qkv_prepare (the backend defers it into this kernel for decode
 // batches), the block computes them itself: q/k RMSNorm, M-RoPE and the cache store of the new
-// K and V happen here (by the block that owns the newest key), and q is rotated into shared
-// memory only (nothing else reads it). Unfused, they are read from qkv and the cache.
+// K and V happen here (by the block that owns the newest key; attention_decode_prepare.cuh), and
+// q is rotated into shared memory only (nothing else reads it). Unfused, they are read from qkv
+// and the cache.
 //
 // Programmatic dependent launch: the keys before the newest one were written to the cache by
 // kernels that finished before the previous kernel passed its own grid_dep_wait, so they are
@@ -35,10 +36,15 @@
 // (o_proj's weight loads would queue ahead of the remaining key rounds); which of the two, the
 // backend chooses per launch (CudaBackendOptions::decode_attention_trigger).
 #include "backend/cuda/attention_cache.cuh"
+#include "backend/cuda/attention_decode_prepare.cuh"
 #include "backend/cuda/cuda_backend.h"
 
 namespace qvl::cuda {
 namespace {
+
+using decode_prepare::pitch;
+using decode_prepare::PrepLane;
+using decode_prepare::PrepNorm;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -114,12 +120,6 @@ __device__ __forceinline__ void stamp_unit(const DecodeParams& p, int unit) {
   if (unsigned long long* slot = trace_slot(p)) slot[kDecodeTraceUnit] = static_cast<unsigned long long>(unit) + 1;
 }
 
-// Shared-memory row pitch (bytes) of one BF16 row of HD values: +16 bytes keeps the 8 rows of
-// an ldmatrix on distinct banks.
-template <int HD>
-constexpr int pitch() {
-  return HD * 2 + 16;
-}
 template <int HD>
 constexpr size_t decode_smem_bytes() {
   // stages x (K, V) x keys x pitch, then q [8][pitch], the newest key's K and V [2][pitch],
@@ -208,124 +208,6 @@ __device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* sta
     char* dst = stage + r * pitch<HD>() + chunk * 16;
     cp_async16(dst, src);
     cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
-  }
-}
-
-// The value a cache element holds once v is stored (store_kv), as BF16.
-__device__ __forceinline__ bf16 as_cached(float v, int esize) {
-  return esize == 2 ? __float2bfloat16_rn(v)
-                    : __float2bfloat16_rn(fp8_e4m3_to_float_dev(float_to_fp8_e4m3_dev(bf16_round(v))));
-}
-
-// What a lane of the fused text_qkv_prepare needs besides qkv, all from host-written inputs
-// and weights, so it is gathered before the PDL wait: the row's slot, and for the lane's
-// rotary pairs (j, j + dh/2), j = lane + 32 i: cos/sin of the M-RoPE angle (rounded to BF16
-// like the reference's table); and the q/k norm weights of those pairs (PrepNorm: weights, read
-// by every warp for itself; the rest by one warp, shared through shared memory).
-template <int HD>
-struct PrepLane {
-  static constexpr int kPairs = (HD / 2 + 31) / 32;
-  int32_t slot;
-  float cs[kPairs], sn[kPairs];
-};
-template <int HD>
-struct PrepNorm {
-  float wq[2][PrepLane<HD>::kPairs], wk[2][PrepLane<HD>::kPairs];
-};
-
-template <int HD>
-__device__ __forceinline__ void prepare_inputs(const DecodeParams& p, int row, PrepLane<HD>& in) {
-  constexpr int kHalf = HD / 2;
-  const int lane = threadIdx.x & 31;
-  in.slot = p.slots[row];
-  const int32_t pos3[3] = {p.positions[row * 3], p.positions[row * 3 + 1], p.positions[row * 3 + 2]};
-#pragma unroll
-  for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
-    const int j = min(lane + 32 * i, kHalf - 1);  // lanes past the pairs compute a copy, unused
-    const int axis = p.rope.axis[j];
-    const float pos = static_cast<float>(axis == 0 ? pos3[0] : axis == 1 ? pos3[1] : pos3[2]);
-    float sn, cs;
-    sincosf(pos * p.rope.inv_freq[j], &sn, &cs);
-    in.cs[i] = bf16_round(cs);
-    in.sn[i] = bf16_round(sn);
-  }
-}
-template <int HD>
-__device__ __forceinline__ void prepare_norms(const DecodeParams& p, PrepNorm<HD>& nw) {
-  constexpr int kHalf = HD / 2;
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < PrepLane<HD>::kPairs; ++i) {
-    const int j = min(lane + 32 * i, kHalf - 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int jj = j + h * kHalf;
-      nw.wq[h][i] = p.norm_f32 ? static_cast<const float*>(p.q_norm)[jj]
-                               : __bfloat162float(static_cast<const bf16*>(p.q_norm)[jj]);
-      nw.wk[h][i] = p.norm_f32 ? static_cast<const float*>(p.k_norm)[jj]
-                               : __bfloat162float(static_cast<const bf16*>(p.k_norm)[jj]);
-    }
-  }
-}
-
-// One warp of the fused text_qkv_prepare (attention_text.cu's kernel, the same numerics): task
-// h < group rotates q head kvh * group + h into qs; task group normalises and rotates the
-// newest key's k head kvh, task group + 1 copies its v head; both go to the cache (at the
-// row's slot, unless it is < 0) and, as the cache holds them, to nbuf.
-template <int HD>
-__device__ __forceinline__ void prepare_head(const DecodeParams& p, const bf16* qkv_row, const PrepLane<HD>& in,
-                                             const PrepNorm<HD>& nw, int kvh, int group, int task, char* qs,
-                                             char* nbuf) {
-  constexpr int kHalf = HD / 2;
-  constexpr int kPairs = PrepLane<HD>::kPairs;
-  const int lane = threadIdx.x & 31;
-  const int32_t slot = in.slot;
-  const int page = slot >= 0 ? slot / p.cache.page_size : 0, off = slot >= 0 ? slot % p.cache.page_size : 0;
-  const int esize = p.cache.esize;
-  if (task == group + 1) {  // v
-    const bf16* src = qkv_row + static_cast<int64_t>(p.hq + p.hkv + kvh) * HD;
-    char* dst = slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, true) : nullptr;
-    bf16* buf = reinterpret_cast<bf16*>(nbuf + pitch<HD>());
-    for (int d = lane; d < HD; d += 32) {
-      const float v = __bfloat162float(src[d]);
-      if (dst) store_kv(dst, d, v, esize);
-      buf[d] = as_cached(v, esize);
-    }
-    return;
-  }
-  const bool is_q = task < group;
-  const bf16* src = qkv_row + static_cast<int64_t>(is_q ? kvh * group + task : p.hq + kvh) * HD;
-  float a[kPairs], b[kPairs], ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int j = lane + 32 * i;
-    a[i] = j < kHalf ? __bfloat162float(src[j]) : 0.0f;
-    b[i] = j < kHalf ? __bfloat162float(src[j + kHalf]) : 0.0f;
-    ss += a[i] * a[i] + b[i] * b[i];
-  }
-  const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(HD) + p.eps);
-  char* kdst = !is_q && slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, false) : nullptr;
-  bf16* out = is_q ? reinterpret_cast<bf16*>(qs + task * pitch<HD>()) : reinterpret_cast<bf16*>(nbuf);
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int j = lane + 32 * i;
-    if (j >= kHalf) continue;
-    const float x1 = bf16_round((is_q ? nw.wq[0][i] : nw.wk[0][i]) * bf16_round(a[i] * rstd));
-    const float x2 = bf16_round((is_q ? nw.wq[1][i] : nw.wk[1][i]) * bf16_round(b[i] * rstd));
-    const float cs = in.cs[i], sn = in.sn[i];
-    const float o1 = bf16_round(x1 * cs) + bf16_round(-x2 * sn);
-    const float o2 = bf16_round(x2 * cs) + bf16_round(x1 * sn);
-    if (is_q) {
-      out[j] = __float2bfloat16_rn(o1);
-      out[j + kHalf] = __float2bfloat16_rn(o2);
-    } else {
-      if (kdst) {
-        store_kv(kdst, j, o1, esize);
-        store_kv(kdst, j + kHalf, o2, esize);
-      }
-      out[j] = as_cached(o1, esize);
-      out[j + kHalf] = as_cached(o2, esize);
-    }
   }
 }
 
@@ -549,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   PrepLane<HD> prep;
   PrepNorm<HD> norms;
   if (p.fused) {
-    prepare_norms<HD>(p, norms);
+    decode_prepare::prepare_norms<HD>(p, norms);
     if (warp == kWarps - 1) {
       int32_t* entry = p.step_mode != 0 ? p.step_prep + static_cast<int64_t>(seq) * (HD + 2) : nullptr;
       if (p.step_mode == 2) {
@@ -561,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
           prep.sn[i] = __int_as_float(__ldcg(entry + 1 + HD / 2 + j));
         }
       } else {
-        prepare_inputs<HD>(p, row, prep);
+        decode_prepare::prepare_inputs<HD>(p, row, prep);
         if (p.step_mode == 1 && kvh == 0 && split == 0) {  // this step's entry, for the later layers
           if (lane == 0) entry[0] = prep.slot;
 #pragma unroll
@@ -594,7 +476,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.fused) {
       // Tasks: q heads 0..group-1 (into qs), then the newest key's k and v (cache + nbuf).
       for (int task = warp; task < group + (own_newest ? 2 : 0); task += kWarps)
-        prepare_head<HD>(p, qkv_row, prep, norms, kvh, group, task, qs, nbuf);
+        decode_prepare::prepare_head<HD>(p, qkv_row, prep, norms, kvh, group, task, qs, nbuf);
     } else {
       const bf16* q = qkv_row + static_cast<int64_t>(kvh) * group * HD;
       for (int c = threadIdx.x; c < kMaxGroup * (HD / 8); c += kThreads) {
