@@ -431,7 +431,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     const bool one_tile = tune.variant == 1;
     p.early = (one_tile && (early_env & 1) && ctx.after_attention) ||
               (one_tile && (early_env & 2) && pro.kind == SkinnyPrologue::kNone) ||
-              (one_tile && (early_env & 16) && pro.kind == SkinnyPrologue::kNone && !ctx.after_attention) ||
               (one_tile && (early_env & 4) && pro.kind != SkinnyPrologue::kNone) || (tune.variant == 3 && (early_env & 8));
   }
   if (!glu_out.empty()) {
