@@ -215,8 +215,7 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 // ---- Linear ----
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
   if (lin_.active) launch_pending_linear({});
-  const bool after_attention = attn_.active && x.data == attn_.out.data;
-  if (attn_.active) launch_decode_attention(after_attention ? &w : nullptr);
+  if (attn_.active) launch_decode_attention(x.data == attn_.out.data ? &w : nullptr);
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
     const bool fp8 = w.is_fp8();
@@ -248,9 +247,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
   if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
-    ctx_.after_attention = after_attention;
     skinny_linear(out, x, w, ep, {});
-    ctx_.after_attention = false;
     return;
   }
   if (ctx_.profiler) note_linear(out, x, w, ep, "");

@@ -88,7 +88,6 @@ struct LaunchContext {
   int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
   OpProfiler* profiler = nullptr;        // non-null while profiling
   SkinnyTuning skinny;
-  bool after_attention = false;  // EXPERIMENT: the Linear being launched reads the decode attention's output
 };
 
 // Brackets work that does not go through launch() (cuBLASLt, copies) when profiling.

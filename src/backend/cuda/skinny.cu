@@ -2,7 +2,6 @@
 // per shape, and the launcher. The math both kernels share is in skinny_common.cuh; the
 // persistent streaming kernel in skinny_stream.cu.
 #include "backend/cuda/skinny_common.cuh"
-#include <cstdlib>
 
 namespace qvl::cuda {
 namespace skinny {
@@ -103,9 +102,8 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
-  if (p.early) grid_dep_launch();
   grid_dep_wait();
-  if (!p.early) grid_dep_launch();
+  grid_dep_launch();
   run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
@@ -423,16 +421,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
-  {
-    static const int early_env = [] {
-      const char* e = std::getenv("QVL_EARLY");
-      return e ? std::atoi(e) : 0;
-    }();
-    const bool one_tile = tune.variant == 1;
-    p.early = (one_tile && (early_env & 1) && ctx.after_attention) ||
-              (one_tile && (early_env & 2) && pro.kind == SkinnyPrologue::kNone) ||
-              (one_tile && (early_env & 4) && pro.kind != SkinnyPrologue::kNone) || (tune.variant == 3 && (early_env & 8));
-  }
   if (!glu_out.empty()) {
     QVL_CHECK(n <= kSkinnyMaxRows && N % 16 == 0 && p.bias == nullptr && p.residual == nullptr &&
               ep.act == Activation::kNone)

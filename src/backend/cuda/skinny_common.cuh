@@ -77,7 +77,6 @@ struct SkinnyParams {
   // output in the tile's reduction: out gets both, as the Linear alone writes them, and
   // glu_out[tok, 8t + r] = bf16(bf16(silu(gate)) * up), as silu_mul writes it.
   bf16* glu_out;
-  bool early;  // EXPERIMENT: let the next kernel launch before the PDL wait
 };
 
 // Row r (0..15) of 16-row tile ti: rows 16 ti + r, or with the SwiGLU epilogue gate row 8 ti + r

@@ -125,9 +125,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   PrologueWeights pw;
   prefetch_prologue<PRO>(p, pw);
   __syncthreads();  // the barriers' initialisation
-  if (p.early) grid_dep_launch();
   grid_dep_wait();
-  if (!p.early) grid_dep_launch();
+  grid_dep_launch();
   run_prologue<PRO>(p, pro_smem, pw);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
