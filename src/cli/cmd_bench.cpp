@@ -105,6 +105,7 @@ struct BenchOptions {
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
   int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
+  int decode_early_launch = -1;          // A/B: CudaBackendOptions::decode_early_launch (-1: default)
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -178,6 +179,7 @@ Status run_bench(const BenchOptions& o) {
     opts.decode_attention_exit = o.decode_attention_exit;
     opts.decode_attention_trace = o.decode_attention_trace;
     if (o.decode_attention_trigger >= 0) opts.decode_attention_trigger = o.decode_attention_trigger;
+    opts.decode_early_launch = o.decode_early_launch;
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -558,7 +560,8 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_16_warp_launches", f.skinny_16_warps},
                           {"skinny_pair_launches", f.skinny_pairs},
                           {"skinny_glu_launches", f.skinny_glu},
-                          {"skinny_prologue_launches", f.skinny_prologue}};
+                          {"skinny_prologue_launches", f.skinny_prologue},
+                          {"skinny_early_launches", f.skinny_early}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -671,6 +674,12 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "1 once its keys are done, 2 once its partial is written, 3 when it exits (default: chosen "
                  "per launch, CudaBackendOptions::decode_attention_trigger)")
       ->check(CLI::Range(-1, 3));
+  app.add_option("--decode-early-launch", o->decode_early_launch,
+                 "CUDA A/B: whether a decode Linear without a prologue that does not follow the attention "
+                 "(down_proj) lets the next kernel launch before its PDL wait: 0 never, 1 always (default -1: "
+                 "at one row where its grid is over one and at most 1.5 blocks per multiprocessor, "
+                 "CudaBackendOptions::decode_early_launch)")
+      ->check(CLI::Range(-1, 1));
   app.add_flag("--decode-attention-trace", o->decode_attention_trace,
                "CUDA measurement: %globaltimer stamps of the decode attention's stages at batch 1 "
                "(JSON decode_attention_trace)");

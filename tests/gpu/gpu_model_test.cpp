@@ -287,5 +287,39 @@ TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
   }
 }
 
+// A decode Linear that lets the next kernel launch before its PDL wait (CudaBackendOptions::
+// decode_early_launch 1: every one-tile Linear without a prologue that does not read the
+// attention's output, down_proj here) changes when kernels start, not what they compute: the
+// engine's decode over the tiny presets, graphs and all, gives the logits bit for bit those with it
+// off, within the oracle's tolerance of the CPU, with the early launches counted in every step.
+TEST(GpuModel, EarlyLaunchingDecodeLinearsGiveTheSameBits) {
+  QVL_REQUIRE_CUDA();
+  for (const std::string preset : {"tiny", "tiny-fp8"}) {
+    const ModelConfig cfg = preset_config(preset).value();
+    const std::string dir = scratch_dir("gpu_early_" + preset);
+    ASSERT_TRUE(generate_tiny(cfg, 13, dir).is_ok());
+    SCOPED_TRACE(preset);
+    CudaBackendOptions on, off;
+    on.decode_early_launch = 1;
+    off.decode_early_launch = 0;
+    auto on_be = make_cuda_backend(on);
+    auto off_be = make_cuda_backend(off);
+    ASSERT_TRUE(on_be.is_ok() && off_be.is_ok());
+    Loaded c = load(cpu(), dir, cfg), early = load(**on_be, dir, cfg), late = load(**off_be, dir, cfg);
+    ASSERT_TRUE(c.model && early.model && late.model);
+    const int n = 40;
+    const int64_t before = cuda_fp8_gemm_counts(**on_be).skinny_early;
+    const std::vector<float> got = run_decode(*early.model, n);
+    EXPECT_GE(cuda_fp8_gemm_counts(**on_be).skinny_early - before, static_cast<int64_t>(cfg.text.num_hidden_layers))
+        << "decode Linears launching the next kernel before their wait";
+    const std::vector<float> want = run_decode(*late.model, n);
+    EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).skinny_early, 0);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(bits_differ(got, want), 0) << "of " << got.size() << " decode logits differ, early launch on / off";
+    EXPECT_TRUE(compare("decode logits, early launches", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

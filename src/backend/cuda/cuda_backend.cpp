@@ -67,6 +67,8 @@ Status CudaBackend::init() {
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;
   ctx_.glu_launches = &fp8_counts_.skinny_glu;
   ctx_.prologue_launches = &fp8_counts_.skinny_prologue;
+  ctx_.early_launches = &fp8_counts_.skinny_early;
+  ctx_.early_launch = std::clamp(options_.decode_early_launch, -1, 1);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

@@ -175,6 +175,19 @@ struct CudaBackendOptions {
   // So: 3 for batches, and at batch 1 unless o_proj's weights are over 9.4 MB (2B's 8 and 4 MiB
   // are not, 4B FP8's 10 MiB is: on an H200 too, where 1 measured -2.6% against 3), else 1.
   int decode_attention_trigger = -1;
+  // Whether a one-tile decode Linear without a prologue that does not read the decode attention's
+  // output (down_proj) lets the next kernel (the next layer's qkv) launch before its own PDL wait
+  // rather than right after it. The next kernel's blocks then take the multiprocessors this grid
+  // leaves idle and issue their weight loads while it runs; their wait still waits for this grid.
+  // It is safe because every kernel reads only weights before its wait, apart from the decode
+  // attention, whose launch still implies the previous layer's attention has completed: the
+  // Linears after the attention (o_proj, gate_up) trigger after their waits.
+  // -1 (default): at one row where the grid is over one block per multiprocessor and at most 1.5
+  // (4B's down_proj: 160 tiles on 132). Decode step, batch 1, H100 (bench/RESULTS.md run 35): 4B
+  // FP8 -2.2%, 4B BF16 -1.2%; 2B (128 tiles), 8B (256) and batch 8 (4B FP8 +0.4%) measured no
+  // gain, nor did o_proj before gate_up or gate_up's ring before down. 0: never; 1: every such
+  // Linear (tests).
+  int decode_early_launch = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer
   // per layer); results are the same either way up to the fp32 summation order of RMSNorm.
@@ -308,6 +321,7 @@ struct CudaFp8GemmCounts {
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
   int64_t skinny_prologue = 0;
+  int64_t skinny_early = 0;  // decode Linears that let the next kernel launch before their wait
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -215,7 +215,8 @@ Result<LinearWeight> CudaBackend::load_linear(std::span<const LinearPart> parts,
 // ---- Linear ----
 void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {
   if (lin_.active) launch_pending_linear({});
-  if (attn_.active) launch_decode_attention(x.data == attn_.out.data ? &w : nullptr);
+  const bool follows_attention = attn_.active && x.data == attn_.out.data;
+  if (attn_.active) launch_decode_attention(follows_attention ? &w : nullptr);
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
     const bool fp8 = w.is_fp8();
@@ -247,7 +248,9 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
   if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
+    ctx_.follows_attention = follows_attention;
     skinny_linear(out, x, w, ep, {});
+    ctx_.follows_attention = false;
     return;
   }
   if (ctx_.profiler) note_linear(out, x, w, ep, "");

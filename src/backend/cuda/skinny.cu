@@ -102,8 +102,9 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (prewait > 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
   PrologueWeights pw;
   prefetch_prologue<PRO, W>(p, pw);
+  if (p.early_launch) grid_dep_launch();
   grid_dep_wait();
-  grid_dep_launch();
+  if (!p.early_launch) grid_dep_launch();
   run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
@@ -421,6 +422,11 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
+  if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !ctx.follows_attention && ctx.early_launch != 0) {
+    const int64_t blocks = ceil_div(p.N, kRows) * (tune.split == 2 ? 2 : 1), sms = ctx.num_sms;
+    p.early_launch = ctx.early_launch == 1 || (p.n == 1 && blocks > sms && 2 * blocks <= 3 * sms);
+    if (p.early_launch && ctx.early_launches != nullptr) ++*ctx.early_launches;
+  }
   if (!glu_out.empty()) {
     QVL_CHECK(n <= kSkinnyMaxRows && N % 16 == 0 && p.bias == nullptr && p.residual == nullptr &&
               ep.act == Activation::kNone)

@@ -77,6 +77,9 @@ struct SkinnyParams {
   // output in the tile's reduction: out gets both, as the Linear alone writes them, and
   // glu_out[tok, 8t + r] = bf16(bf16(silu(gate)) * up), as silu_mul writes it.
   bf16* glu_out;
+  // The next kernel may launch before this one's PDL wait (CudaBackendOptions::decode_early_launch;
+  // the one-tile kernel).
+  bool early_launch;
 };
 
 // Row r (0..15) of 16-row tile ti: rows 16 ti + r, or with the SwiGLU epilogue gate row 8 ti + r
