@@ -105,8 +105,6 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (p.early_launch) grid_dep_launch();
   grid_dep_wait();
   if (!p.early_launch) grid_dep_launch();
-  // (Prologue Linears have no residual here, and their registers are tight: 3-block FP8 pairs.)
-  const float res = PRO == SkinnyPrologue::kNone ? early_residual(p, ti, static_cast<int>(threadIdx.x)) : NAN;
   run_prologue<PRO, W>(p, pro_smem, pw);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
@@ -121,7 +119,7 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   }
 
   if constexpr (KS == 1) {
-    reduce_tile_and_store<NT, W>(p, red, acc, ti, res);
+    reduce_tile_and_store<NT, W>(p, red, acc, ti);
   } else {
     // The pair's sum per output, in a fixed order: block 0's warps, then block 1's.
     write_partials<NT, W>(red, acc);
@@ -141,7 +139,7 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
     }
     if (threadIdx.x == 0) mbar_arrive_expect_tx(&s_bar, static_cast<uint32_t>(kRows * p.n * sizeof(float)));
     mbar_wait_cluster(&s_bar);
-    if (mine && row0 + r < p.N) store_out(p, row0 + r, tok, v + s_peer[idx], res);
+    if (mine && row0 + r < p.N) store_out(p, row0 + r, tok, v + s_peer[idx]);
   }
 }
 

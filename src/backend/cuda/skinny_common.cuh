@@ -383,25 +383,14 @@ __device__ __forceinline__ void accumulate_scaled(float (&acc)[NT][4], const flo
 }
 
 // One output element: v = bf16(acc + bias); v = bf16(act(v)); out = bf16(residual + v).
-// res: the residual of this output where the caller loaded it already (early_residual), else NaN
-// (a residual is finite where it matters: a NaN one loads again and stays NaN).
-__device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int tok, float v, float res = NAN) {
+__device__ __forceinline__ void store_out(const SkinnyParams& p, int row, int tok, float v) {
   if (p.bias) v += __bfloat162float(p.bias[row]);
   v = bf16_round(v);
   if (p.act == static_cast<int>(Activation::kGeluTanh)) v = bf16_round(gelu_tanh(v));
   if (p.act == static_cast<int>(Activation::kGeluErf)) v = bf16_round(gelu_erf(v));
   const int64_t o = static_cast<int64_t>(tok) * p.N + row;
-  if (p.residual) v += isnan(res) ? __bfloat162float(p.residual[o]) : res;
+  if (p.residual) v += __bfloat162float(p.residual[o]);
   p.out[o] = __float2bfloat16_rn(v);
-}
-
-// The residual of the output that thread `idx` stores first in reduce_tile_and_store (token
-// idx / kRows, row idx % kRows of tile ti), loaded right after the PDL wait: its L2 round trip then
-// overlaps the math instead of following the tile's reduction. NaN where there is none.
-__device__ __forceinline__ float early_residual(const SkinnyParams& p, int ti, int idx) {
-  const int tok = idx / kRows, row = ti * kRows + idx % kRows;
-  if (p.residual == nullptr || p.glu_out != nullptr || tok >= p.n || row >= p.N) return NAN;
-  return __bfloat162float(p.residual[static_cast<int64_t>(tok) * p.N + row]);
 }
 
 // A warp's partial sums into red[warp] (C fragment: acc[j][0..1] = row g, tokens 8j+2t,
@@ -434,7 +423,7 @@ __device__ __forceinline__ void store_glu(const SkinnyParams& p, int ti, int r, 
 // barrier).
 template <int NT, int W = kWarps>
 __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, float (&red)[W][kRows][NT * 8 + 1],
-                                                      const float (&acc)[NT][4], int ti, float res = NAN) {
+                                                      const float (&acc)[NT][4], int ti) {
   write_partials<NT, W>(red, acc);
   __syncthreads();
   if (p.glu_out != nullptr) {
@@ -457,7 +446,7 @@ __device__ __forceinline__ void reduce_tile_and_store(const SkinnyParams& p, flo
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < W; ++w) v += red[w][r][tok];
-    store_out(p, row, tok, v, idx == static_cast<int>(threadIdx.x) ? res : NAN);
+    store_out(p, row, tok, v);
   }
 }
 
