@@ -254,71 +254,53 @@ TEST(GpuModel, SixteenWarpAndPairDecodeLinearsMatchTheOracle) {
   }
 }
 
-// SiLU·mul as gate_up's SwiGLU epilogue (the default up to kSkinnyGluMaxRows rows) in the
-// engine's decode over the tiny presets, graphs and all: the logits bit for bit those with the
-// epilogue off (SiLU·mul then in down's prologue, or its own kernel), within the oracle's
-// tolerance of the CPU, and the epilogue counted in every step's layers.
-TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
-  QVL_REQUIRE_CUDA();
+// The engine's decode over the tiny presets, graphs and all, with a backend option on and off: the
+// logits bit for bit the same, within the oracle's tolerance of the CPU, and `counter` (launches of
+// what the option turns on) at least once per layer with it on and never with it off.
+void expect_decode_option_keeps_the_bits(const std::string& name, uint64_t seed, const CudaBackendOptions& on_opt,
+                                         const CudaBackendOptions& off_opt, int64_t CudaFp8GemmCounts::*counter) {
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
     const ModelConfig cfg = preset_config(preset).value();
-    const std::string dir = scratch_dir("gpu_glu_" + preset);
-    ASSERT_TRUE(generate_tiny(cfg, 11, dir).is_ok());
-    SCOPED_TRACE(preset);
-    CudaBackendOptions off;
-    off.silu_mul_epilogue_max_rows = 0;
-    auto on_be = make_cuda_backend({});
-    auto off_be = make_cuda_backend(off);
+    const std::string dir = scratch_dir("gpu_option_" + preset);
+    ASSERT_TRUE(generate_tiny(cfg, seed, dir).is_ok());
+    SCOPED_TRACE(preset + ": " + name);
+    auto on_be = make_cuda_backend(on_opt);
+    auto off_be = make_cuda_backend(off_opt);
     ASSERT_TRUE(on_be.is_ok() && off_be.is_ok());
-    Loaded c = load(cpu(), dir, cfg), on = load(**on_be, dir, cfg), no = load(**off_be, dir, cfg);
-    ASSERT_TRUE(c.model && on.model && no.model);
+    Loaded c = load(cpu(), dir, cfg), on = load(**on_be, dir, cfg), off = load(**off_be, dir, cfg);
+    ASSERT_TRUE(c.model && on.model && off.model);
     const int n = 40;
-    const int64_t before = cuda_fp8_gemm_counts(**on_be).skinny_glu;
+    const int64_t before = cuda_fp8_gemm_counts(**on_be).*counter;
     const std::vector<float> got = run_decode(*on.model, n);
-    EXPECT_GE(cuda_fp8_gemm_counts(**on_be).skinny_glu - before, static_cast<int64_t>(cfg.text.num_hidden_layers))
-        << "gate_up launches with the SiLU·mul epilogue";
-    const std::vector<float> unfused = run_decode(*no.model, n);
-    EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).skinny_glu, 0);
-    ASSERT_EQ(got.size(), unfused.size());
-    EXPECT_EQ(bits_differ(got, unfused), 0) << "of " << got.size() << " decode logits differ, epilogue on / off";
-    EXPECT_TRUE(
-        compare("decode logits, SiLU·mul epilogue", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
+    EXPECT_GE(cuda_fp8_gemm_counts(**on_be).*counter - before, static_cast<int64_t>(cfg.text.num_hidden_layers))
+        << "launches counted with the option on";
+    const std::vector<float> want = run_decode(*off.model, n);
+    EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).*counter, 0) << "launches counted with the option off";
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(bits_differ(got, want), 0) << "of " << got.size() << " decode logits differ, on / off";
+    EXPECT_TRUE(compare("decode logits, " + name, preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
     std::filesystem::remove_all(dir);
   }
 }
 
+// SiLU·mul as gate_up's SwiGLU epilogue (the default up to kSkinnyGluMaxRows rows) against the
+// epilogue off (SiLU·mul then in down's prologue, or its own kernel).
+TEST(GpuModel, SiluMulEpilogueDecodeIsTheUnfusedDecode) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions off;
+  off.silu_mul_epilogue_max_rows = 0;
+  expect_decode_option_keeps_the_bits("SiLU·mul epilogue", 11, {}, off, &CudaFp8GemmCounts::skinny_glu);
+}
+
 // A decode Linear that lets the next kernel launch before its PDL wait (CudaBackendOptions::
 // decode_early_launch 1: every one-tile Linear without a prologue that does not read the
-// attention's output, down_proj here) changes when kernels start, not what they compute: the
-// engine's decode over the tiny presets, graphs and all, gives the logits bit for bit those with it
-// off, within the oracle's tolerance of the CPU, with the early launches counted in every step.
+// attention's output, down_proj here) changes when kernels start, not what they compute.
 TEST(GpuModel, EarlyLaunchingDecodeLinearsGiveTheSameBits) {
   QVL_REQUIRE_CUDA();
-  for (const std::string preset : {"tiny", "tiny-fp8"}) {
-    const ModelConfig cfg = preset_config(preset).value();
-    const std::string dir = scratch_dir("gpu_early_" + preset);
-    ASSERT_TRUE(generate_tiny(cfg, 13, dir).is_ok());
-    SCOPED_TRACE(preset);
-    CudaBackendOptions on, off;
-    on.decode_early_launch = 1;
-    off.decode_early_launch = 0;
-    auto on_be = make_cuda_backend(on);
-    auto off_be = make_cuda_backend(off);
-    ASSERT_TRUE(on_be.is_ok() && off_be.is_ok());
-    Loaded c = load(cpu(), dir, cfg), early = load(**on_be, dir, cfg), late = load(**off_be, dir, cfg);
-    ASSERT_TRUE(c.model && early.model && late.model);
-    const int n = 40;
-    const int64_t before = cuda_fp8_gemm_counts(**on_be).skinny_early;
-    const std::vector<float> got = run_decode(*early.model, n);
-    EXPECT_GE(cuda_fp8_gemm_counts(**on_be).skinny_early - before, static_cast<int64_t>(cfg.text.num_hidden_layers))
-        << "decode Linears launching the next kernel before their wait";
-    const std::vector<float> want = run_decode(*late.model, n);
-    EXPECT_EQ(cuda_fp8_gemm_counts(**off_be).skinny_early, 0);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(bits_differ(got, want), 0) << "of " << got.size() << " decode logits differ, early launch on / off";
-    EXPECT_TRUE(compare("decode logits, early launches", preset, got, run_decode(*c.model, n), tol::kGpuModelLogits));
-    std::filesystem::remove_all(dir);
-  }
+  CudaBackendOptions on, off;
+  on.decode_early_launch = 1;
+  off.decode_early_launch = 0;
+  expect_decode_option_keeps_the_bits("early launches", 13, on, off, &CudaFp8GemmCounts::skinny_early);
 }
 
 }  // namespace
