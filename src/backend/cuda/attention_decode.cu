@@ -35,8 +35,6 @@
 // the next kernel launch once its keys are done or when it exits, never right after its wait
 // (o_proj's weight loads would queue ahead of the remaining key rounds); which of the two, the
 // backend chooses per launch (CudaBackendOptions::decode_attention_trigger).
-#include <cstdlib>
-
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
 #include "backend/cuda/cuda_backend.h"
@@ -94,8 +92,6 @@ struct DecodeParams {
   // slot, position -> sin/cos), which blocks that become resident late run on the critical path.
   int32_t* step_prep;
   int32_t* step_keys;
-  int64_t next_layer_bytes;  // EXPERIMENT (QVL_KEY_PREFETCH): the next layer's rows are this far on (0: last layer)
-  int key_prefetch;          // EXPERIMENT: 1 prefetch.global.L2, 2 the same with evict_last
   int step_mode;
   // When the block lets the next kernel launch (CudaBackendOptions::decode_attention_trigger):
   // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written, 3 when
@@ -212,22 +208,6 @@ __device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* sta
     char* dst = stage + r * pitch<HD>() + chunk * 16;
     cp_async16(dst, src);
     cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
-  }
-  // EXPERIMENT: the same rows of the next layer into L2, one prefetch per 128-byte line.
-  if (p.key_prefetch != 0 && p.next_layer_bytes != 0 && chunk % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int r = r0 + i * RPP;
-      if (r >= rows) continue;
-      const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16 + p.next_layer_bytes;
-      if (p.key_prefetch == 2) {
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(src));
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(src + p.cache.v_offset));
-      } else {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(src + p.cache.v_offset));
-      }
-    }
   }
 }
 
@@ -874,14 +854,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.trace = ctx.decode_trace;
   p.trigger = trigger;
   p.layer = layer;
-  {
-    static const int key_prefetch = [] {
-      const char* e = std::getenv("QVL_KEY_PREFETCH");
-      return e ? std::atoi(e) : 0;
-    }();
-    p.key_prefetch = key_prefetch;
-    p.next_layer_bytes = layer + 1 < cache.num_layers ? static_cast<int64_t>(cache.layer_bytes()) : 0;
-  }
   if (prepare) {
     QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&
               prepare->q_norm.dtype == prepare->k_norm.dtype &&
