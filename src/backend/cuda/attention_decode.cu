@@ -275,7 +275,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
   const int heads = (i1 - 1) / HD - i0 / HD + 1;
   if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(active * ((i1 - i0) + 2 * heads) * 4));
   mbar_wait_cluster(bar);
-  // stamp(p, 9);  EXPERIMENT: slot reused on the entry path
+  stamp(p, 9);
   const float* in_ml = inbox + p.splits * per;
   // [head][kDecodeMaxSplits], over the idle stages, past the warps' O
   float* wsplit = reinterpret_cast<float*>(smem) + wsplit_offset<HD>();
@@ -289,7 +289,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
     wsplit[h * kDecodeMaxSplits + lane] = total > 0.0f ? w / total : 0.0f;
   }
   __syncthreads();
-  // stamp(p, 10);  EXPERIMENT
+  stamp(p, 10);
   for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float acc = 0.0f;
@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (p.step_mode == 2 && threadIdx.x < kDecodeStepKeyInts / 4)
     reinterpret_cast<int4*>(s_desc)[threadIdx.x] = __ldcg(reinterpret_cast<const int4*>(desc) + threadIdx.x);
   const int ctx = p.step_mode == 2 ? __ldcg(desc) : p.context_len[seq];
-  if (ctx > -1000000) stamp(p, 8);  // EXPERIMENT: the step table's context length has landed
   const int len = split_len(ctx, p.splits);
   const int k_begin = split * len, k_end = min(ctx, k_begin + len);
   const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
@@ -410,7 +409,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.step_mode == 2) {  // the pages are in shared memory once the issuers meet
       asm volatile("bar.sync 1, %0;" ::"r"(issuers) : "memory");
       pages = s_desc + 1;
-      stamp(p, 9);  // EXPERIMENT: the issuers met
     }
     if constexpr (kFp8) {
       load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers, pages);
@@ -420,7 +418,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       load_round_bf16<HD, kThreads>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     }
   }
-  stamp(p, 10);  // EXPERIMENT: the first round issued
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
   if (p.debug_exit == 6) {
@@ -621,7 +618,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   __syncthreads();
-  // stamp(p, 8);  EXPERIMENT
+  stamp(p, 8);
   constexpr int RP = red_pitch<HD>();
   float* red = reinterpret_cast<float*>(smem);  // [warp][head][RP], over the (now idle) stages
   float f[2];
