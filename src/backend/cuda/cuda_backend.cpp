@@ -71,11 +71,6 @@ Status CudaBackend::init() {
   ctx_.early_launch = std::clamp(options_.decode_early_launch, -1, 1);
   const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
-  if (std::getenv("QVL_LINEAR_TRACE") && options_.decode_attention_trace) {  // EXPERIMENT
-    const size_t bytes = kTraceSlots * 1024 * 5 * sizeof(uint64_t);
-    QVL_ASSIGN_OR_RETURN(linear_trace_, allocate(bytes, "linear trace"));
-    QVL_CUDA_OK(cudaMemset(linear_trace_.data(), 0, bytes));
-  }
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
     const size_t bytes = sizeof(uint64_t) * kDecodeTraceStamps * kDecodeTraceLayers * kDecodeSplitBlocks;
     QVL_ASSIGN_OR_RETURN(decode_trace_, allocate(bytes, "decode attention trace"));

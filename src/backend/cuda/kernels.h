@@ -90,7 +90,6 @@ struct LaunchContext {
       nullptr;                     // decode Linears launching the next kernel early (CudaFp8GemmCounts::skinny_early)
   int early_launch = -1;           // CudaBackendOptions::decode_early_launch
   bool follows_attention = false;  // the Linear being launched reads the decode attention's output
-  unsigned long long* linear_trace = nullptr;  // EXPERIMENT: this launch's [1024][5] stamps
   OpProfiler* profiler = nullptr;  // non-null while profiling
   SkinnyTuning skinny;
 };
