@@ -183,10 +183,11 @@ struct CudaBackendOptions {
   // attention, whose launch still implies the previous layer's attention has completed: the
   // Linears after the attention (o_proj, gate_up) trigger after their waits.
   // -1 (default): at one row where the grid is over one block per multiprocessor and at most 1.5
-  // (4B's down_proj: 160 tiles on 132). Decode step, batch 1, H100 (bench/RESULTS.md run 35): 4B
-  // FP8 -2.2%, 4B BF16 -1.2%; 2B (128 tiles), 8B (256) and batch 8 (4B FP8 +0.4%) measured no
-  // gain, nor did o_proj before gate_up or gate_up's ring before down. 0: never; 1: every such
-  // Linear (tests).
+  // (4B's down_proj: 160 tiles on 132). Decode step, batch 1, H100 (bench/RESULTS.md run 35),
+  // against 0 in one call: 4B FP8 -2.0%, 4B BF16 -1.7%. In the experiment before it, 2B (128
+  // tiles), 8B (256) and batch 8 (4B FP8 +0.5%) gained nothing, nor did o_proj before gate_up or
+  // gate_up's ring before down.
+  // 0: never; 1: every such Linear (tests).
   int decode_early_launch = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer

@@ -86,11 +86,10 @@ struct LaunchContext {
   int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
   int64_t* glu_launches = nullptr;       // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
   int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
-  int64_t* early_launches =
-      nullptr;                     // decode Linears launching the next kernel early (CudaFp8GemmCounts::skinny_early)
-  int early_launch = -1;           // CudaBackendOptions::decode_early_launch
-  bool follows_attention = false;  // the Linear being launched reads the decode attention's output
-  OpProfiler* profiler = nullptr;  // non-null while profiling
+  int64_t* early_launches = nullptr;     // decode Linears launching the next kernel early (CudaFp8GemmCounts)
+  int early_launch = -1;                 // CudaBackendOptions::decode_early_launch
+  bool follows_attention = false;        // the Linear being launched reads the decode attention's output
+  OpProfiler* profiler = nullptr;        // non-null while profiling
   SkinnyTuning skinny;
 };
 
