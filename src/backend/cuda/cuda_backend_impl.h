@@ -215,7 +215,7 @@ class CudaBackend final : public Backend {
   };
   // Launches the decode Linear, or defers it (lin_) where a SwiGLU epilogue could follow.
   void skinny_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep,
-                     const cuda::SkinnyPrologue& pro);
+                     const cuda::SkinnyPrologue& pro, bool follows_attention);
   void launch_pending_linear(const Tensor& glu_out);
   static bool same_batch(const TextBatch& a, const TextBatch& b) {
     return a.num_seqs == b.num_seqs && a.num_tokens == b.num_tokens && a.max_pages_per_seq == b.max_pages_per_seq &&

@@ -233,7 +233,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
       pro.weight = p.weight;
       pro.eps = p.eps;
       pending_ = {};
-      skinny_linear(out, x, w, ep, pro);
+      skinny_linear(out, x, w, ep, pro, follows_attention);
       return;
     }
     flush();
@@ -248,9 +248,7 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   const int64_t k = w.in_features;
   const bool skinny_ok = k % (fp8 ? 16 : 8) == 0 && (!fp8 || w.block_size == 128);
   if (skinny_ok && n <= (fp8 ? kSkinnyMaxRows : skinny_bf16_rows_)) {
-    ctx_.follows_attention = follows_attention;
-    skinny_linear(out, x, w, ep, {});
-    ctx_.follows_attention = false;
+    skinny_linear(out, x, w, ep, {}, follows_attention);
     return;
   }
   if (ctx_.profiler) note_linear(out, x, w, ep, "");
@@ -278,7 +276,7 @@ std::string fused_note(const cuda::SkinnyPrologue& pro, bool glu_epilogue) {
 }  // namespace
 
 void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep,
-                                const cuda::SkinnyPrologue& pro) {
+                                const cuda::SkinnyPrologue& pro, bool follows_attention) {
   // A SiLU·mul may follow where the output could be gate_up: out [n, 2 I], I % 8 == 0, nothing
   // added to it.
   if (fusion_ && x.dim(0) <= glu_rows_ && w.out_features % 16 == 0 && w.bias.empty() && ep.act == Activation::kNone &&
@@ -287,7 +285,7 @@ void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight&
     return;
   }
   if (ctx_.profiler) note_linear(out, x, w, ep, fused_note(pro, false).c_str());
-  cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro);
+  cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro, {}, follows_attention);
 }
 
 void CudaBackend::launch_pending_linear(const Tensor& glu_out) {

@@ -88,7 +88,6 @@ struct LaunchContext {
   int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
   int64_t* early_launches = nullptr;     // decode Linears launching the next kernel early (CudaFp8GemmCounts)
   int early_launch = -1;                 // CudaBackendOptions::decode_early_launch
-  bool follows_attention = false;        // the Linear being launched reads the decode attention's output
   OpProfiler* profiler = nullptr;        // non-null while profiling
   SkinnyTuning skinny;
 };
@@ -178,8 +177,11 @@ inline bool fused_prologue_pays(int64_t out_features, int num_sms) {
 // residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out
 // [n, I] = SiLU·mul of out exactly as launch_silu_mul writes it: in the Linear's epilogue where the
 // chosen kernel takes it (one-tile; ring for BF16), else by a launch_silu_mul after it.
+// follows_attention: x is the decode attention's output (o_proj), which never launches the next
+// kernel early (CudaBackendOptions::decode_early_launch).
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro = {}, const Tensor& glu_out = {});
+                          const Epilogue& ep, const SkinnyPrologue& pro = {}, const Tensor& glu_out = {},
+                          bool follows_attention = false);
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
 // kFusedPrologueMaxBytes of shared memory, and the ring kernels take up to ring_smem
 // (LaunchContext::ring_smem; 0: none), per backend, before any launch.

@@ -342,7 +342,8 @@ void configure_skinny(int ring_smem) {
 }
 
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,
-                          const Epilogue& ep, const SkinnyPrologue& pro, const Tensor& glu_out) {
+                          const Epilogue& ep, const SkinnyPrologue& pro, const Tensor& glu_out,
+                          bool follows_attention) {
   QVL_CHECK_EQ(w.parts.size(), 1u) << "skinny_linear needs a merged (device) weight";
   const Tensor& weight = w.parts[0].weight;
   const bool fp8 = weight.dtype == DType::kF8E4M3;
@@ -422,7 +423,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
-  if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !ctx.follows_attention && ctx.early_launch != 0) {
+  if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !follows_attention && ctx.early_launch != 0) {
     const int64_t blocks = ceil_div(p.N, kRows) * (tune.split == 2 ? 2 : 1), sms = ctx.num_sms;
     p.early_launch = ctx.early_launch == 1 || (p.n == 1 && blocks > sms && 2 * blocks <= 3 * sms);
     if (p.early_launch && ctx.early_launches != nullptr) ++*ctx.early_launches;
