@@ -9,61 +9,11 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
+#include "gpu/gpu_linear_util.h"
 #include "gpu/gpu_util.h"
 
 namespace qvl::test::gpu {
 namespace {
-
-struct HostPart {
-  std::vector<uint16_t> bf16;  // BF16 weights
-  std::vector<uint8_t> fp8;    // or FP8 weights
-  std::vector<float> scale;    // and their block scales
-  int64_t rows = 0;
-};
-
-// Random weights for one part; FP8 quantised per 128x128 block the way checkpoints are
-// (scale = amax / 448, w8 = e4m3(w / scale)).
-HostPart make_part(int64_t rows, int64_t cols, bool fp8, float wscale) {
-  HostPart p;
-  p.rows = rows;
-  std::vector<float> w = random_values(rows * cols, wscale);
-  if (!fp8) {
-    p.bf16 = to_bf16_bits(w);
-    return p;
-  }
-  const int64_t B = 128, rb = (rows + B - 1) / B, cb = (cols + B - 1) / B;
-  // Vary the blocks' ranges so that a wrong scale index shows.
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) w[i * cols + j] *= 1.0f + static_cast<float>((i / B + 2 * (j / B)) % 5);
-  p.scale.assign(static_cast<size_t>(rb * cb), 0.0f);
-  p.fp8.resize(static_cast<size_t>(rows * cols));
-  for (int64_t bi = 0; bi < rb; ++bi) {
-    for (int64_t bj = 0; bj < cb; ++bj) {
-      float amax = 0.0f;
-      for (int64_t i = bi * B; i < std::min(rows, (bi + 1) * B); ++i)
-        for (int64_t j = bj * B; j < std::min(cols, (bj + 1) * B); ++j)
-          amax = std::max(amax, std::fabs(w[i * cols + j]));
-      const float s = amax > 0 ? amax / kFp8E4M3Max : 1.0f;
-      p.scale[bi * cb + bj] = s;
-      for (int64_t i = bi * B; i < std::min(rows, (bi + 1) * B); ++i)
-        for (int64_t j = bj * B; j < std::min(cols, (bj + 1) * B); ++j)
-          p.fp8[i * cols + j] = fp8_e4m3_from_float(w[i * cols + j] / s);
-    }
-  }
-  return p;
-}
-
-// Views of a host part as one LinearPart of rows x cols (FP8: with its 128x128 block scales).
-LinearPart part_view(HostPart& h, int64_t cols, bool fp8) {
-  LinearPart lp;
-  if (fp8) {
-    lp.weight = Tensor(h.fp8.data(), DType::kF8E4M3, {h.rows, cols});
-    lp.scale_inv = Tensor(h.scale.data(), DType::kF32, {(h.rows + 127) / 128, (cols + 127) / 128});
-  } else {
-    lp.weight = Tensor(h.bf16.data(), DType::kBF16, {h.rows, cols});
-  }
-  return lp;
-}
 
 struct Case {
   int64_t n, K;
@@ -774,76 +724,6 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
                         << ", host " << h.scale[g * c.n + c.n - 8 + i];
     }
     EXPECT_EQ(bad, 0) << shape << ": bytes or scales differ from the host quantisation";
-  }
-}
-
-// The CUDA backend computes an RMSNorm or SiLU·mul over few rows inside the Linear that reads it
-// (decode: by default RMSNorm up to 4 rows, SiLU·mul at 1; up to 8 where the options ask); both the
-// Linear's output and the intermediate it also writes must match, with the default limits and
-// with both at 8 (every case fused); the launch counter (CudaFp8GemmCounts::skinny_prologue) shows
-// which Linears took the prologue.
-TEST(GpuOps, LinearFusedPrologues) {
-  QVL_REQUIRE_CUDA();
-  CudaBackendOptions all;
-  all.fused_rms_norm_max_rows = all.fused_silu_mul_max_rows = 8;
-  auto fused = make_cuda_backend(all);
-  ASSERT_TRUE(fused.is_ok()) << fused.status().to_string();
-  for (Backend* gpu : {cuda(), fused->get()}) {
-    for (bool fp8 : {false, true}) {
-      for (int64_t n : {1, 3, 5, 8}) {
-        Scratch s;
-        const int64_t K = 2048, N = 1000, I = 1536, D = 512;
-        auto load = [&](int64_t rows, int64_t cols, std::vector<HostPart>& keep) {
-          keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
-          const LinearPart lp = part_view(keep.back(), cols, fp8);
-          return std::make_pair(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
-                                gpu->load_linear({&lp, 1}, Tensor(), 128).value());
-        };
-        std::vector<HostPart> keep;
-        keep.reserve(2);
-        auto [w1c, w1g] = load(N, K, keep);
-        auto [w2c, w2g] = load(D, I, keep);
-        const std::string shape =
-            std::string(gpu == cuda() ? "" : "all fused, ") + (fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
-
-        // rms_norm -> linear (+ separate residual)
-        std::vector<float> nw = random_values(K, 0.2f);
-        for (auto& v : nw) v += 1.0f;
-        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
-        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
-        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
-        Pair res = activation(s, {n, N}, random_values(n * N));
-        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
-        cuda()->synchronize();  // the uploads above went through cuda()'s stream
-        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
-        cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
-        const bool all_fused = gpu != cuda();
-        int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
-        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
-        gpu->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
-        gpu->synchronize();  // read back through cuda()'s stream below
-        // Fused up to CudaBackendOptions::fused_rms_norm_max_rows rows (default 4).
-        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 4) ? 1 : 0) << shape;
-        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
-        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
-
-        // silu_mul -> linear (+ residual in place)
-        Pair gu = activation(s, {n, 2 * I}, random_values(n * 2 * I, 2.0f));
-        Pair a = activation(s, {n, I}, std::vector<float>(static_cast<size_t>(n * I), -1.0f));
-        Pair xr = activation(s, {n, D}, random_values(n * D));
-        cuda()->synchronize();
-        cpu().silu_mul(a.c, gu.c);
-        cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
-        before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
-        gpu->silu_mul(a.g, gu.g);
-        gpu->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
-        gpu->synchronize();
-        // Fused up to CudaBackendOptions::fused_silu_mul_max_rows rows (default 1).
-        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 1) ? 1 : 0) << shape;
-        EXPECT_TRUE(compare_pair("silu_mul+linear: linear", shape + " I1536 N512 +res", xr, tol::kGpuLinear));
-        EXPECT_TRUE(compare_pair("silu_mul+linear: silu_mul", shape + " I1536", a, tol::kGpuElementwise));
-      }
-    }
   }
 }
 

@@ -202,6 +202,16 @@ struct CudaBackendOptions {
   // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.9% without it.
   int fused_rms_norm_max_rows = 4;
   int fused_silu_mul_max_rows = 1;
+  // A prologue is fused only into Linears of at most this many 16-row tiles per multiprocessor,
+  // since every block computes it again. 16 takes in 4B's and 8B's gate_up (1216 and 1536 tiles,
+  // 9.2 and 11.6 per multiprocessor on an H100), where 8 left them a separate one-block RMSNorm
+  // kernel: gate_up's blocks launched on its trigger and issued ~13 MB of weights, and the norm's
+  // read of its row queued behind them (10.75 us from o_proj's end to gate_up's wait in 4B FP8,
+  // RESULTS run 35). Decode step, batch 1, H100, against 8 in one call (run 36): 4B FP8 -6.3%,
+  // 4B BF16 -5.3%, 8B FP8 -3.1%; 2B, whose gate_up fused already, and batch 8 (over
+  // fused_rms_norm_max_rows) unchanged. lm_head (9496 tiles, 72 per multiprocessor) stays out:
+  // fusing it measured no change on an H100 (run 36) and 172 against 140 us on an H200 (earlier).
+  int fused_prologue_max_tiles_per_sm = 16;
   // The most rows (0..kSkinnyGluMaxRows) whose SiLU·mul the gate_up Linear before it computes in
   // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:
   // no launch and no prologue for it, and the same bits. Decode step on an H100 against 0

@@ -1,0 +1,141 @@
+// CUDA vs CPU: an RMSNorm or SiLU·mul over few rows computed inside the decode Linear that reads
+// it (CudaBackendOptions::fused_rms_norm_max_rows, fused_silu_mul_max_rows and
+// fused_prologue_max_tiles_per_sm), the Linear's output and the intermediate it also writes, and
+// which Linears took the prologue (CudaFp8GemmCounts::skinny_prologue).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "gpu/gpu_linear_util.h"
+#include "gpu/gpu_util.h"
+
+namespace qvl::test::gpu {
+namespace {
+
+// The CUDA backend computes an RMSNorm or SiLU·mul over few rows inside the Linear that reads it
+// (decode: by default RMSNorm up to 4 rows, SiLU·mul at 1; up to 8 where the options ask); both the
+// Linear's output and the intermediate it also writes must match, with the default limits and
+// with both at 8 (every case fused); the launch counter (CudaFp8GemmCounts::skinny_prologue) shows
+// which Linears took the prologue.
+TEST(GpuOps, LinearFusedPrologues) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions all;
+  all.fused_rms_norm_max_rows = all.fused_silu_mul_max_rows = 8;
+  auto fused = make_cuda_backend(all);
+  ASSERT_TRUE(fused.is_ok()) << fused.status().to_string();
+  for (Backend* gpu : {cuda(), fused->get()}) {
+    for (bool fp8 : {false, true}) {
+      for (int64_t n : {1, 3, 5, 8}) {
+        Scratch s;
+        const int64_t K = 2048, N = 1000, I = 1536, D = 512;
+        auto load = [&](int64_t rows, int64_t cols, std::vector<HostPart>& keep) {
+          keep.push_back(make_part(rows, cols, fp8, 1.0f / std::sqrt(static_cast<float>(cols))));
+          const LinearPart lp = part_view(keep.back(), cols, fp8);
+          return std::make_pair(cpu().load_linear({&lp, 1}, Tensor(), 128).value(),
+                                gpu->load_linear({&lp, 1}, Tensor(), 128).value());
+        };
+        std::vector<HostPart> keep;
+        keep.reserve(2);
+        auto [w1c, w1g] = load(N, K, keep);
+        auto [w2c, w2g] = load(D, I, keep);
+        const std::string shape =
+            std::string(gpu == cuda() ? "" : "all fused, ") + (fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
+
+        // rms_norm -> linear (+ separate residual)
+        std::vector<float> nw = random_values(K, 0.2f);
+        for (auto& v : nw) v += 1.0f;
+        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
+        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
+        Pair res = activation(s, {n, N}, random_values(n * N));
+        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
+        cuda()->synchronize();  // the uploads above went through cuda()'s stream
+        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+        cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
+        const bool all_fused = gpu != cuda();
+        int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
+        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
+        gpu->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
+        gpu->synchronize();  // read back through cuda()'s stream below
+        // Fused up to CudaBackendOptions::fused_rms_norm_max_rows rows (default 4).
+        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 4) ? 1 : 0) << shape;
+        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
+        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
+
+        // silu_mul -> linear (+ residual in place)
+        Pair gu = activation(s, {n, 2 * I}, random_values(n * 2 * I, 2.0f));
+        Pair a = activation(s, {n, I}, std::vector<float>(static_cast<size_t>(n * I), -1.0f));
+        Pair xr = activation(s, {n, D}, random_values(n * D));
+        cuda()->synchronize();
+        cpu().silu_mul(a.c, gu.c);
+        cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
+        before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
+        gpu->silu_mul(a.g, gu.g);
+        gpu->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
+        gpu->synchronize();
+        // Fused up to CudaBackendOptions::fused_silu_mul_max_rows rows (default 1).
+        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 1) ? 1 : 0) << shape;
+        EXPECT_TRUE(compare_pair("silu_mul+linear: linear", shape + " I1536 N512 +res", xr, tol::kGpuLinear));
+        EXPECT_TRUE(compare_pair("silu_mul+linear: silu_mul", shape + " I1536", a, tol::kGpuElementwise));
+      }
+    }
+  }
+}
+
+// An RMSNorm is fused only into a Linear of at most fused_prologue_max_tiles_per_sm 16-row tiles
+// per multiprocessor. 4B's gate_up shape (K 2560, N 2 x 9728 = 19456 rows: 1216 tiles, 9.2 per
+// multiprocessor on an H100's 132), at one and four rows, with the default limit and with 8: the
+// counter says whether the norm was fused (1216 <= limit x multiprocessors), and either way the
+// Linear and the norm it writes match the oracle.
+TEST(GpuOps, LinearFusedPrologueTileLimit) {
+  QVL_REQUIRE_CUDA();
+  const int64_t sms = cuda_device_info(0).value().multiprocessors;
+  const int64_t K = 2560, N = 19456, tiles = (N + 15) / 16;
+  std::vector<int> limits = {CudaBackendOptions{}.fused_prologue_max_tiles_per_sm, 8};
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (int limit : limits) {
+    CudaBackendOptions o;
+    o.fused_prologue_max_tiles_per_sm = limit;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.is_ok()) << be.status().to_string();
+    gpus.push_back(std::move(be).value());
+  }
+  for (bool fp8 : {false, true}) {
+    HostPart part = make_part(N, K, fp8, 1.0f / std::sqrt(static_cast<float>(K)));
+    const LinearPart lp = part_view(part, K, fp8);
+    const LinearWeight wc = cpu().load_linear({&lp, 1}, Tensor(), 128).value();
+    for (size_t g = 0; g < gpus.size(); ++g) {
+      Backend* gpu = gpus[g].get();
+      const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
+      const bool fused = tiles <= limits[g] * sms;
+      for (int64_t n : {1, 4}) {
+        Scratch s;
+        const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + " K2560 N19456, " +
+                                  std::to_string(limits[g]) + " tiles/SM";
+        std::vector<float> nw = random_values(K, 0.2f);
+        for (auto& v : nw) v += 1.0f;
+        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
+        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
+        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
+        cuda()->synchronize();  // the uploads above went through cuda()'s stream
+        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+        cpu().linear(out.c, h.c, wc, {});
+        const int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
+        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
+        gpu->linear(out.g, h.g, wg, {});
+        gpu->synchronize();  // read back through cuda()'s stream below
+        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, fused ? 1 : 0)
+            << shape << ": " << tiles << " tiles on " << sms << " multiprocessors";
+        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape, out, tol::kGpuLinear));
+        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape, h, tol::kGpuElementwise));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qvl::test::gpu
