@@ -4,7 +4,8 @@
 #   bash tools/device/ab_decode.sh ROUNDS "LABEL|MODEL|BENCH ARGS[|QVL BINARY]" ...
 # MODEL: 2b, 2b-fp8, 4b, 4b-fp8, 8b, 8b-fp8 (generated once into /tmp/qvl_models); the binary
 # defaults to build-dev/qvl (another one, e.g. an older commit's, compares two builds). Every run is
-# `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` plus the args;
+# `qvl bench --image-size 1024x768 --prompt-tokens 24 --gen-tokens 64 --batch 1,8` (BATCH= in the
+# environment replaces 1,8) plus the args;
 # the JSON of each run is kept in $OUT/ab/LABEL.ROUND.json. Ablations go in the bench args:
 # --skip-kernels text_decode_attention, --decode-attention-exit 6 (timing only: results are wrong);
 # with --decode-attention-trace the summary adds the trace's stage medians.
@@ -29,7 +30,7 @@ for r in $(seq 1 "$rounds"); do
     IFS='|' read -r label m args bin <<<"$spec"
     # shellcheck disable=SC2086
     timeout 180 "${bin:-build-dev/qvl}" bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
-      --gen-tokens 64 --batch 1,8 $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
+      --gen-tokens 64 --batch "${BATCH:-1,8}" $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
       { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
   done
 done
