@@ -106,7 +106,7 @@ struct BenchOptions {
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
   int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
   int decode_early_launch = -1;          // A/B: CudaBackendOptions::decode_early_launch (-1: default)
-  int fused_prologue_tiles = -1;         // A/B: CudaBackendOptions::fused_prologue_max_tiles_per_sm (-1: default)
+  int fused_prologue_copies = -1;        // A/B: CudaBackendOptions::fused_prologue_max_copies_per_sm (-1: default)
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
   std::string out;
@@ -165,7 +165,7 @@ Status run_bench(const BenchOptions& o) {
     opts.cluster_attention = !o.no_cluster_attention;
     if (o.skinny_bf16_max_rows >= 0) opts.skinny_bf16_max_rows = o.skinny_bf16_max_rows;
     if (o.fused_rms_rows >= 0) opts.fused_rms_norm_max_rows = o.fused_rms_rows;
-    if (o.fused_prologue_tiles >= 0) opts.fused_prologue_max_tiles_per_sm = o.fused_prologue_tiles;
+    if (o.fused_prologue_copies >= 0) opts.fused_prologue_max_copies_per_sm = o.fused_prologue_copies;
     if (o.fused_silu_rows >= 0) opts.fused_silu_mul_max_rows = o.fused_silu_rows;
     if (o.silu_epilogue_rows >= 0) opts.silu_mul_epilogue_max_rows = o.silu_epilogue_rows;
     opts.cublas_gelu = !o.no_cublas_gelu;
@@ -643,10 +643,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "CUDA A/B: RMSNorm runs inside the Linear that reads it up to this many rows, as its own kernel "
                  "past it (4)")
       ->check(CLI::Range(0, 8));
-  app.add_option("--fused-prologue-max-tiles-per-sm", o->fused_prologue_tiles,
-                 "CUDA A/B: a prologue is fused only into Linears of at most this many 16-row tiles per "
-                 "multiprocessor (16)")
-      ->check(CLI::Range(0, 100000));
+  app.add_option("--fused-prologue-max-copies-per-sm", o->fused_prologue_copies,
+                 "CUDA A/B: a prologue is fused only into Linears whose blocks compute at most this many copies "
+                 "of it per multiprocessor (16-row tiles x rows; 24)")
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--fused-silu-mul-max-rows", o->fused_silu_rows,
                  "CUDA A/B: SiLU·mul runs inside the Linear that reads it up to this many rows, as its own kernel "
                  "past it (1)")

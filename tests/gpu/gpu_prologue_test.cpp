@@ -1,6 +1,6 @@
 // CUDA vs CPU: an RMSNorm or SiLU·mul over few rows computed inside the decode Linear that reads
 // it (CudaBackendOptions::fused_rms_norm_max_rows, fused_silu_mul_max_rows and
-// fused_prologue_max_tiles_per_sm), the Linear's output and the intermediate it also writes, and
+// fused_prologue_max_copies_per_sm), the Linear's output and the intermediate it also writes, and
 // which Linears took the prologue (CudaFp8GemmCounts::skinny_prologue).
 #include <cmath>
 #include <memory>
@@ -85,20 +85,21 @@ TEST(GpuOps, LinearFusedPrologues) {
   }
 }
 
-// An RMSNorm is fused only into a Linear of at most fused_prologue_max_tiles_per_sm 16-row tiles
-// per multiprocessor. 4B's gate_up shape (K 2560, N 2 x 9728 = 19456 rows: 1216 tiles, 9.2 per
-// multiprocessor on an H100's 132), at one and four rows, with the default limit and with 8: the
-// counter says whether the norm was fused (1216 <= limit x multiprocessors), and either way the
+// An RMSNorm is fused only into a Linear whose blocks (one per 16-row tile) compute at most
+// fused_prologue_max_copies_per_sm copies of it per multiprocessor (tiles x rows). 4B's gate_up
+// shape (K 2560, N 2 x 9728 = 19456 rows: 1216 tiles) at one, two and four rows, with the default
+// limit and with 8: the counter says whether the norm was fused (1216 x rows <= limit x
+// multiprocessors: on an H100's 132 with the default 24, at one and two rows), and either way the
 // Linear and the norm it writes match the oracle.
-TEST(GpuOps, LinearFusedPrologueTileLimit) {
+TEST(GpuOps, LinearFusedPrologueCopyLimit) {
   QVL_REQUIRE_CUDA();
   const int64_t sms = cuda_device_info(0).value().multiprocessors;
   const int64_t K = 2560, N = 19456, tiles = (N + 15) / 16;
-  std::vector<int> limits = {CudaBackendOptions{}.fused_prologue_max_tiles_per_sm, 8};
+  std::vector<int> limits = {CudaBackendOptions{}.fused_prologue_max_copies_per_sm, 8};
   std::vector<std::unique_ptr<Backend>> gpus;
   for (int limit : limits) {
     CudaBackendOptions o;
-    o.fused_prologue_max_tiles_per_sm = limit;
+    o.fused_prologue_max_copies_per_sm = limit;
     auto be = make_cuda_backend(o);
     ASSERT_TRUE(be.is_ok()) << be.status().to_string();
     gpus.push_back(std::move(be).value());
@@ -110,11 +111,11 @@ TEST(GpuOps, LinearFusedPrologueTileLimit) {
     for (size_t g = 0; g < gpus.size(); ++g) {
       Backend* gpu = gpus[g].get();
       const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
-      const bool fused = tiles <= limits[g] * sms;
-      for (int64_t n : {1, 4}) {
+      for (int64_t n : {1, 2, 4}) {
+        const bool fused = tiles * n <= limits[g] * sms;
         Scratch s;
         const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + " K2560 N19456, " +
-                                  std::to_string(limits[g]) + " tiles/SM";
+                                  std::to_string(limits[g]) + " copies/SM";
         std::vector<float> nw = random_values(K, 0.2f);
         for (auto& v : nw) v += 1.0f;
         Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
@@ -129,7 +130,7 @@ TEST(GpuOps, LinearFusedPrologueTileLimit) {
         gpu->linear(out.g, h.g, wg, {});
         gpu->synchronize();  // read back through cuda()'s stream below
         EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, fused ? 1 : 0)
-            << shape << ": " << tiles << " tiles on " << sms << " multiprocessors";
+            << shape << ": " << tiles << " tiles x " << n << " rows on " << sms << " multiprocessors";
         EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape, out, tol::kGpuLinear));
         EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape, h, tol::kGpuElementwise));
       }

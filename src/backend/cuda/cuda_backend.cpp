@@ -38,7 +38,7 @@ Status CudaBackend::init() {
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
   rms_rows_ = std::clamp(options_.fused_rms_norm_max_rows, 0, cuda::kFusedPrologueMaxRows);
-  prologue_tiles_ = std::max(options_.fused_prologue_max_tiles_per_sm, 0);
+  prologue_copies_ = std::max(options_.fused_prologue_max_copies_per_sm, 0);
   silu_rows_ = std::clamp(options_.fused_silu_mul_max_rows, 0, cuda::kFusedPrologueMaxRows);
   glu_rows_ = std::clamp(options_.silu_mul_epilogue_max_rows, 0, kSkinnyGluMaxRows);
   ctx_.skinny = options_.skinny;

@@ -202,16 +202,19 @@ struct CudaBackendOptions {
   // -1.1%, while 4B FP8 at 2..4 rows lost 2.8..4.9% without it.
   int fused_rms_norm_max_rows = 4;
   int fused_silu_mul_max_rows = 1;
-  // A prologue is fused only into Linears of at most this many 16-row tiles per multiprocessor,
-  // since every block computes it again. 16 takes in 4B's and 8B's gate_up (1216 and 1536 tiles,
-  // 9.2 and 11.6 per multiprocessor on an H100), where 8 left them a separate one-block RMSNorm
-  // kernel: gate_up's blocks launched on its trigger and issued ~13 MB of weights, and the norm's
-  // read of its row queued behind them (10.75 us from o_proj's end to gate_up's wait in 4B FP8,
-  // RESULTS run 35). Decode step, batch 1, H100, against 8 in one call (run 36): 4B FP8 -6.3%,
-  // 4B BF16 -5.3%, 8B FP8 -3.1%; 2B, whose gate_up fused already, and batch 8 (over
-  // fused_rms_norm_max_rows) unchanged. lm_head (9496 tiles, 72 per multiprocessor) stays out:
-  // fusing it measured no change on an H100 (run 36) and 172 against 140 us on an H200 (earlier).
-  int fused_prologue_max_tiles_per_sm = 16;
+  // Every block of a Linear with a prologue (one per 16-row output tile) computes the prologue of
+  // every row again: it is fused only where tiles x rows is at most this many per multiprocessor.
+  // 24 takes in 4B's and 8B's gate_up (1216 and 1536 tiles on an H100's 132 multiprocessors) at
+  // one and two rows; a limit of 8 tiles per multiprocessor at any row count (the rule before)
+  // left them a separate one-block RMSNorm kernel: gate_up's blocks launched on its trigger and
+  // issued ~13 MB of weights, and the norm's read of its row queued behind them (10.75 us from
+  // o_proj's end to gate_up's wait in 4B FP8, RESULTS run 35). Decode step, H100, against that
+  // rule in one call (run 36): batch 1 4B FP8 -6.3%, 4B BF16 -5.3%, 8B FP8 -3.1%; batch 2 4B FP8
+  // -5.0%, 4B BF16 +0.4%; fusing at 4 rows too lost 3.5% (FP8) and 4.3% (BF16), which the
+  // product keeps out (4 x 1216 > 24 x 132). The Linears fused before are within it (2B's gate_up,
+  // 768 tiles, at 4 rows: 3072 <= 3168); lm_head (9496 tiles) stays out: fusing it measured no
+  // change on an H100 (run 36) and 172 against 140 us on an H200 (earlier).
+  int fused_prologue_max_copies_per_sm = 24;
   // The most rows (0..kSkinnyGluMaxRows) whose SiLU·mul the gate_up Linear before it computes in
   // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:
   // no launch and no prologue for it, and the same bits. Decode step on an H100 against 0

@@ -167,10 +167,11 @@ struct SkinnyPrologue {
 inline constexpr int kFusedPrologueMaxRows = 8;
 // The prologue's x lives in shared memory (n x K BF16, beside the kernel's own 4.6 KiB).
 inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
-// Every block of the Linear recomputes the prologue, so it pays up to tiles_per_sm row tiles per
-// multiprocessor (CudaBackendOptions::fused_prologue_max_tiles_per_sm).
-inline bool fused_prologue_pays(int64_t out_features, int num_sms, int tiles_per_sm) {
-  return (out_features + 15) / 16 <= static_cast<int64_t>(tiles_per_sm) * num_sms;
+// Every block of the Linear (one per 16-row tile of its output) computes the prologue of every
+// row again, so it pays up to copies_per_sm of those per multiprocessor
+// (CudaBackendOptions::fused_prologue_max_copies_per_sm).
+inline bool fused_prologue_pays(int64_t out_features, int64_t rows, int num_sms, int copies_per_sm) {
+  return (out_features + 15) / 16 * rows <= static_cast<int64_t>(copies_per_sm) * num_sms;
 }
 // With glu_out (the SwiGLU epilogue; at most kSkinnyMaxRows rows, no bias, activation or
 // residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out
