@@ -407,7 +407,9 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
     double bytes = 0;
     if (next)
       for (const LinearPart& part : next->parts) bytes += part.weight.nbytes() + part.scale_inv.nbytes();
-    trigger = next == nullptr || bytes > kEarlyLaunchBytes ? 1 : 3;
+    const int64_t tiles = next == nullptr ? 0 : (next->out_features + 15) / 16;
+    const bool crowded = 2 * tiles > 3 * static_cast<int64_t>(ctx_.num_sms) && bytes <= kLateLaunchMaxBytes;
+    trigger = next == nullptr || (bytes > kEarlyLaunchBytes && !crowded) ? 1 : 3;
   }
   // Layer 0 writes the step table, the later layers of the same batch read it; at batch 1 only
   // (H100, medians of 3 per decode step: 2B BF16 -2.0%, 2B FP8 and 4B FP8 +-0.1% at batch 1; at

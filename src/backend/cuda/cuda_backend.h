@@ -174,6 +174,10 @@ struct CudaBackendOptions {
   //   +0.9%; batch 8 -0.6 to -4.4% for all six (run 9).
   // So: 3 for batches, and at batch 1 unless o_proj's weights are over 9.4 MB (2B's 8 and 4 MiB
   // are not, 4B FP8's 10 MiB is: on an H200 too, where 1 measured -2.6% against 3), else 1.
+  // Since gate_up takes its RMSNorm as a prologue in 8B (run 36), 8B FP8's o_proj (256 tiles,
+  // 16.8 MB) measured 3 better at batch 1 (-4.1%; 8B BF16 +0.8%, 4B FP8 +3.8%, 4B BF16 +0.4%):
+  // 3 also where o_proj's grid is over 1.5 blocks per multiprocessor and its weights are at most
+  // 24 MB (cuda_backend_impl.h, kLateLaunchMaxBytes).
   int decode_attention_trigger = -1;
   // Whether a one-tile decode Linear without a prologue that does not read the decode attention's
   // output (down_proj) lets the next kernel (the next layer's qkv) launch before its own PDL wait

@@ -275,6 +275,12 @@ class CudaBackend final : public Backend {
   // (4B FP8, keys done better); on an H200 4B FP8 measured keys-done better as well (2.615
   // against 2.680 ms), where 2.8 us of its bandwidth (13.4 MB) would have chosen the exit.
   static constexpr double kEarlyLaunchBytes = 9.4e6;
+  // Except where that Linear's grid is over 1.5 blocks per multiprocessor and its weights are at
+  // most kLateLaunchMaxBytes: its blocks then crowd every multiprocessor beside the attention's,
+  // and the exit was better (8B FP8, 256 tiles of 16.8 MB: 3.785 against 3.946 ms), while 8B
+  // BF16 (256 tiles of 33.6 MB) measured its weights' stream on the critical path costlier (5.765
+  // against 5.716 ms; H100, RESULTS run 36). The bound lies between those two points.
+  static constexpr double kLateLaunchMaxBytes = 24e6;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;
