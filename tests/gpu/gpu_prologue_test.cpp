@@ -15,6 +15,34 @@
 namespace qvl::test::gpu {
 namespace {
 
+// rms_norm -> linear (with a separate residual where `residual`) on `gpu` against the CPU oracle:
+// the Linear's output and the norm it also writes, and whether the Linear took the norm as its
+// prologue (CudaFp8GemmCounts::skinny_prologue).
+void check_rms_norm_linear(Backend* gpu, const LinearWeight& wc, const LinearWeight& wg, int64_t n, int64_t K,
+                           int64_t N, bool residual, bool fused, const std::string& shape) {
+  Scratch s;
+  std::vector<float> nw = random_values(K, 0.2f);
+  for (auto& v : nw) v += 1.0f;
+  Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
+  Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
+  Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
+  Pair res;
+  if (residual) res = activation(s, {n, N}, random_values(n * N));
+  Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
+  cuda()->synchronize();  // the uploads above went through cuda()'s stream
+  cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
+  cpu().linear(out.c, h.c, wc, {Activation::kNone, res.c});
+  const int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
+  gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
+  gpu->linear(out.g, h.g, wg, {Activation::kNone, res.g});
+  gpu->synchronize();  // read back through cuda()'s stream below
+  EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, fused ? 1 : 0) << shape << " K" << K << " N" << N;
+  const std::string k = " K" + std::to_string(K);
+  EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + k + " N" + std::to_string(N) + (residual ? " +res" : ""),
+                           out, tol::kGpuLinear));
+  EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + k, h, tol::kGpuElementwise));
+}
+
 // The CUDA backend computes an RMSNorm or SiLU·mul over few rows inside the Linear that reads it
 // (decode: by default RMSNorm up to 4 rows, SiLU·mul at 1; up to 8 where the options ask); both the
 // Linear's output and the intermediate it also writes must match, with the default limits and
@@ -44,26 +72,10 @@ TEST(GpuOps, LinearFusedPrologues) {
         const std::string shape =
             std::string(gpu == cuda() ? "" : "all fused, ") + (fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
 
-        // rms_norm -> linear (+ separate residual)
-        std::vector<float> nw = random_values(K, 0.2f);
-        for (auto& v : nw) v += 1.0f;
-        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
-        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
-        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
-        Pair res = activation(s, {n, N}, random_values(n * N));
-        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
-        cuda()->synchronize();  // the uploads above went through cuda()'s stream
-        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
-        cpu().linear(out.c, h.c, w1c, {Activation::kNone, res.c});
+        // rms_norm -> linear (+ separate residual), fused up to CudaBackendOptions::
+        // fused_rms_norm_max_rows rows (default 4).
         const bool all_fused = gpu != cuda();
-        int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
-        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
-        gpu->linear(out.g, h.g, w1g, {Activation::kNone, res.g});
-        gpu->synchronize();  // read back through cuda()'s stream below
-        // Fused up to CudaBackendOptions::fused_rms_norm_max_rows rows (default 4).
-        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, n <= (all_fused ? 8 : 4) ? 1 : 0) << shape;
-        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape + " K2048 N1000", out, tol::kGpuLinear));
-        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape + " K2048", h, tol::kGpuElementwise));
+        check_rms_norm_linear(gpu, w1c, w1g, n, K, N, true, n <= (all_fused ? 8 : 4), shape);
 
         // silu_mul -> linear (+ residual in place)
         Pair gu = activation(s, {n, 2 * I}, random_values(n * 2 * I, 2.0f));
@@ -72,7 +84,7 @@ TEST(GpuOps, LinearFusedPrologues) {
         cuda()->synchronize();
         cpu().silu_mul(a.c, gu.c);
         cpu().linear(xr.c, a.c, w2c, {Activation::kNone, xr.c});
-        before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
+        const int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
         gpu->silu_mul(a.g, gu.g);
         gpu->linear(xr.g, a.g, w2g, {Activation::kNone, xr.g});
         gpu->synchronize();
@@ -94,7 +106,7 @@ TEST(GpuOps, LinearFusedPrologues) {
 TEST(GpuOps, LinearFusedPrologueCopyLimit) {
   QVL_REQUIRE_CUDA();
   const int64_t sms = cuda_device_info(0).value().multiprocessors;
-  const int64_t K = 2560, N = 19456, tiles = (N + 15) / 16;
+  const int64_t K = 2560, N = 19456, tiles = N / 16;  // 1216 (N is a multiple of 16)
   std::vector<int> limits = {CudaBackendOptions{}.fused_prologue_max_copies_per_sm, 8};
   std::vector<std::unique_ptr<Backend>> gpus;
   for (int limit : limits) {
@@ -112,27 +124,9 @@ TEST(GpuOps, LinearFusedPrologueCopyLimit) {
       Backend* gpu = gpus[g].get();
       const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
       for (int64_t n : {1, 2, 4}) {
-        const bool fused = tiles * n <= limits[g] * sms;
-        Scratch s;
-        const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + " K2560 N19456, " +
-                                  std::to_string(limits[g]) + " copies/SM";
-        std::vector<float> nw = random_values(K, 0.2f);
-        for (auto& v : nw) v += 1.0f;
-        Pair norm_w = same_bytes(s, DType::kF32, {K}, nw.data());
-        Pair x = activation(s, {n, K}, random_values(n * K, 3.0f));
-        Pair h = activation(s, {n, K}, std::vector<float>(static_cast<size_t>(n * K), -1.0f));
-        Pair out = activation(s, {n, N}, std::vector<float>(static_cast<size_t>(n * N), 5.0f));
-        cuda()->synchronize();  // the uploads above went through cuda()'s stream
-        cpu().rms_norm(h.c, x.c, norm_w.c, 1e-6f);
-        cpu().linear(out.c, h.c, wc, {});
-        const int64_t before = cuda_fp8_gemm_counts(*gpu).skinny_prologue;
-        gpu->rms_norm(h.g, x.g, norm_w.g, 1e-6f);
-        gpu->linear(out.g, h.g, wg, {});
-        gpu->synchronize();  // read back through cuda()'s stream below
-        EXPECT_EQ(cuda_fp8_gemm_counts(*gpu).skinny_prologue - before, fused ? 1 : 0)
-            << shape << ": " << tiles << " tiles x " << n << " rows on " << sms << " multiprocessors";
-        EXPECT_TRUE(compare_pair("rms_norm+linear: linear", shape, out, tol::kGpuLinear));
-        EXPECT_TRUE(compare_pair("rms_norm+linear: norm", shape, h, tol::kGpuElementwise));
+        const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + ", " +
+                                  std::to_string(limits[g]) + " copies/SM, " + std::to_string(sms) + " SMs,";
+        check_rms_norm_linear(gpu, wc, wg, n, K, N, false, tiles * n <= limits[g] * sms, shape);
       }
     }
   }

@@ -38,7 +38,6 @@ Status CudaBackend::init() {
   ctx_.num_sms = std::max(1, info_.multiprocessors);
   fusion_ = options_.fuse_prologues;
   rms_rows_ = std::clamp(options_.fused_rms_norm_max_rows, 0, cuda::kFusedPrologueMaxRows);
-  prologue_copies_ = std::max(options_.fused_prologue_max_copies_per_sm, 0);
   silu_rows_ = std::clamp(options_.fused_silu_mul_max_rows, 0, cuda::kFusedPrologueMaxRows);
   glu_rows_ = std::clamp(options_.silu_mul_epilogue_max_rows, 0, kSkinnyGluMaxRows);
   ctx_.skinny = options_.skinny;
@@ -407,8 +406,8 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
     double bytes = 0;
     if (next)
       for (const LinearPart& part : next->parts) bytes += part.weight.nbytes() + part.scale_inv.nbytes();
-    const int64_t tiles = next == nullptr ? 0 : (next->out_features + 15) / 16;
-    const bool crowded = 2 * tiles > 3 * static_cast<int64_t>(ctx_.num_sms) && bytes <= kLateLaunchMaxBytes;
+    const bool crowded = next != nullptr && bytes <= kLateLaunchMaxBytes &&
+                         cuda::over_one_and_a_half_blocks_per_sm(cuda::skinny_tiles(next->out_features), ctx_.num_sms);
     trigger = next == nullptr || (bytes > kEarlyLaunchBytes && !crowded) ? 1 : 3;
   }
   // Layer 0 writes the step table, the later layers of the same batch read it; at batch 1 only

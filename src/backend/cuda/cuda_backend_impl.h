@@ -252,7 +252,6 @@ class CudaBackend final : public Backend {
   std::map<std::string, cudaGraphExec_t> graphs_;
   bool fusion_ = true;
   int rms_rows_ = cuda::kFusedPrologueMaxRows;   // CudaBackendOptions::fused_rms_norm_max_rows
-  int prologue_copies_ = 24;                     // CudaBackendOptions::fused_prologue_max_copies_per_sm
   int silu_rows_ = cuda::kFusedPrologueMaxRows;  // CudaBackendOptions::fused_silu_mul_max_rows
   int skinny_bf16_rows_ = kSkinnyBf16MaxRows;    // options_.skinny_bf16_max_rows, clamped
   Pending pending_;

@@ -220,12 +220,13 @@ void CudaBackend::linear(Tensor out, const Tensor& x, const LinearWeight& w, con
   if (pending_.kind != Pending::kNone) {
     const Pending& p = pending_;
     const bool fp8 = w.is_fp8();
-    const bool fusable = x.data == p.out.data && x.same_shape(p.out) && x.dim(0) <= cuda::kFusedPrologueMaxRows &&
-                         static_cast<size_t>(x.nbytes()) <= cuda::kFusedPrologueMaxBytes &&
-                         cuda::fused_prologue_pays(w.out_features, x.dim(0), ctx_.num_sms, prologue_copies_) &&
-                         w.parts.size() == 1 && x.row_numel() == w.in_features && x.row_numel() % (fp8 ? 16 : 8) == 0 &&
-                         (!fp8 || w.block_size == 128) && out.data != p.src.data && out.data != x.data &&
-                         (ep.residual.empty() || (ep.residual.data != x.data && ep.residual.data != p.src.data));
+    const bool fusable =
+        x.data == p.out.data && x.same_shape(p.out) && x.dim(0) <= cuda::kFusedPrologueMaxRows &&
+        static_cast<size_t>(x.nbytes()) <= cuda::kFusedPrologueMaxBytes &&
+        cuda::fused_prologue_pays(w.out_features, x.dim(0), ctx_.num_sms, options_.fused_prologue_max_copies_per_sm) &&
+        w.parts.size() == 1 && x.row_numel() == w.in_features && x.row_numel() % (fp8 ? 16 : 8) == 0 &&
+        (!fp8 || w.block_size == 128) && out.data != p.src.data && out.data != x.data &&
+        (ep.residual.empty() || (ep.residual.data != x.data && ep.residual.data != p.src.data));
     if (fusable) {
       cuda::SkinnyPrologue pro;
       pro.kind = p.kind == Pending::kRmsNorm ? cuda::SkinnyPrologue::kRmsNorm : cuda::SkinnyPrologue::kSiluMul;

@@ -167,11 +167,20 @@ struct SkinnyPrologue {
 inline constexpr int kFusedPrologueMaxRows = 8;
 // The prologue's x lives in shared memory (n x K BF16, beside the kernel's own 4.6 KiB).
 inline constexpr size_t kFusedPrologueMaxBytes = 40 << 10;
-// Every block of the Linear (one per 16-row tile of its output) computes the prologue of every
-// row again, so it pays up to copies_per_sm of those per multiprocessor
-// (CudaBackendOptions::fused_prologue_max_copies_per_sm).
+// The decode Linears (launch_skinny_linear) run one block per 16-row tile of their output.
+inline constexpr int kSkinnyTileRows = 16;
+inline int64_t skinny_tiles(int64_t out_features) {
+  return (out_features + kSkinnyTileRows - 1) / kSkinnyTileRows;
+}
+// Whether a grid is over 1.5 blocks per multiprocessor: where the decode launch rules stop
+// treating it as one uneven wave (decode_early_launch, decode_attention_trigger).
+inline bool over_one_and_a_half_blocks_per_sm(int64_t blocks, int num_sms) {
+  return 2 * blocks > 3 * static_cast<int64_t>(num_sms);
+}
+// Every block of the Linear computes the prologue of every row again, so it pays up to
+// copies_per_sm of those per multiprocessor (CudaBackendOptions::fused_prologue_max_copies_per_sm).
 inline bool fused_prologue_pays(int64_t out_features, int64_t rows, int num_sms, int copies_per_sm) {
-  return (out_features + 15) / 16 * rows <= static_cast<int64_t>(copies_per_sm) * num_sms;
+  return skinny_tiles(out_features) * rows <= static_cast<int64_t>(copies_per_sm) * num_sms;
 }
 // With glu_out (the SwiGLU epilogue; at most kSkinnyMaxRows rows, no bias, activation or
 // residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out

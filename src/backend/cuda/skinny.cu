@@ -424,8 +424,9 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
   if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !follows_attention && ctx.early_launch != 0) {
-    const int64_t blocks = ceil_div(p.N, kRows) * (tune.split == 2 ? 2 : 1), sms = ctx.num_sms;
-    p.early_launch = ctx.early_launch == 1 || (p.n == 1 && blocks > sms && 2 * blocks <= 3 * sms);
+    const int64_t blocks = skinny_tiles(p.N) * (tune.split == 2 ? 2 : 1);
+    p.early_launch = ctx.early_launch == 1 ||
+                     (p.n == 1 && blocks > ctx.num_sms && !over_one_and_a_half_blocks_per_sm(blocks, ctx.num_sms));
     if (p.early_launch && ctx.early_launches != nullptr) ++*ctx.early_launches;
   }
   if (!glu_out.empty()) {

@@ -34,7 +34,7 @@ constexpr int kWarps = 8;
 // The one-tile kernel may run 16 warps per block (SkinnyTuning::warps): the prologues and the
 // tile's reduction take the block's warp count as a template argument W (default kWarps).
 constexpr int kMaxWarps = 16;
-constexpr int kRows = 16;
+constexpr int kRows = kSkinnyTileRows;
 constexpr int kChunk = 128;
 constexpr int kChunkShift = 7;  // log2(kChunk): FP8 scale blocks are kChunk rows tall
 static_assert(kChunk == 1 << kChunkShift);
