@@ -106,6 +106,7 @@ struct BenchOptions {
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
   int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
   int decode_early_launch = -1;          // A/B: CudaBackendOptions::decode_early_launch (-1: default)
+  double decode_l2_prefetch_mb = -1;     // A/B: CudaBackendOptions::decode_l2_prefetch_bytes / 1e6 (-1: default)
   int fused_prologue_copies = -1;        // A/B: CudaBackendOptions::fused_prologue_max_copies_per_sm (-1: default)
   int decode_stack_debug = 0;
   std::string fp8_gemm = "dequant";  // w8a8 | dequant: FP8 Linears over many rows (CudaFp8Gemm)
@@ -182,6 +183,7 @@ Status run_bench(const BenchOptions& o) {
     opts.decode_attention_trace = o.decode_attention_trace;
     if (o.decode_attention_trigger >= 0) opts.decode_attention_trigger = o.decode_attention_trigger;
     opts.decode_early_launch = o.decode_early_launch;
+    if (o.decode_l2_prefetch_mb >= 0) opts.decode_l2_prefetch_bytes = static_cast<int64_t>(o.decode_l2_prefetch_mb * 1e6);
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -563,7 +565,8 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_pair_launches", f.skinny_pairs},
                           {"skinny_glu_launches", f.skinny_glu},
                           {"skinny_prologue_launches", f.skinny_prologue},
-                          {"skinny_early_launches", f.skinny_early}};
+                          {"skinny_early_launches", f.skinny_early},
+                          {"decode_l2_prefetches", f.decode_l2_prefetch}};
   }
 #endif
   kv_buf = DeviceBuffer();  // room for the copy test
@@ -680,6 +683,9 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "1 once its keys are done, 2 once its partial is written, 3 when it exits (default: chosen "
                  "per launch, CudaBackendOptions::decode_attention_trigger)")
       ->check(CLI::Range(-1, 3));
+  app.add_option("--decode-l2-prefetch-mb", o->decode_l2_prefetch_mb,
+                 "CUDA: MB of gate_up's and of down_proj's weights the decode attention asks L2 for (0: none; "
+                 "default: CudaBackendOptions::decode_l2_prefetch_bytes)");
   app.add_option("--decode-early-launch", o->decode_early_launch,
                  "CUDA A/B: whether a decode Linear without a prologue that does not follow the attention "
                  "(down_proj) lets the next kernel launch before its PDL wait: 0 never, 1 always (default -1: "

@@ -303,5 +303,17 @@ TEST(GpuModel, EarlyLaunchingDecodeLinearsGiveTheSameBits) {
   expect_decode_option_keeps_the_bits("early launches", 13, on, off, &CudaFp8GemmCounts::skinny_early);
 }
 
+// The decode attention asking L2 for its layer's gate_up and down_proj weights (CudaBackendOptions::
+// decode_l2_prefetch_bytes; here all of them, at every batch) is only a hint: the same bits with it
+// on and off.
+TEST(GpuModel, L2PrefetchingDecodeAttentionGivesTheSameBits) {
+  QVL_REQUIRE_CUDA();
+  if (cuda_device_info(0).value().compute_capability < 90) GTEST_SKIP() << "bulk L2 prefetches need sm_90";
+  CudaBackendOptions on, off;
+  on.decode_l2_prefetch_bytes = int64_t{1} << 30;
+  off.decode_l2_prefetch_bytes = 0;
+  expect_decode_option_keeps_the_bits("L2 prefetch", 17, on, off, &CudaFp8GemmCounts::decode_l2_prefetch);
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

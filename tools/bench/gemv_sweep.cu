@@ -6,7 +6,8 @@
 // bandwidth ceilings. Each configuration's output is compared with the first configuration's.
 //
 // Build (here, against a pack.sh build):   tools/bench/build_gemv_sweep.sh
-// Run (GPU machine):                       build-dev/gemv_sweep [--quick] [--ring]
+// Run (GPU machine):                       build-dev/gemv_sweep [--quick] [--ring] [--default] [--l2]
+// (--default: only the default configuration; --l2: every launch reads the same copy.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,10 +91,12 @@ struct Shape {
 };
 
 int main(int argc, char** argv) {
-  bool quick = false, ring_only = false;
+  bool quick = false, ring_only = false, l2 = false, only_default = false;
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     ring_only |= std::strcmp(argv[i], "--ring") == 0;
+    l2 |= std::strcmp(argv[i], "--l2") == 0;  // every launch reads one copy (L2-resident where it fits)
+    only_default |= std::strcmp(argv[i], "--default") == 0;
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -177,6 +180,7 @@ int main(int argc, char** argv) {
   if (ring_only) configs.resize(1);
   configs.insert(configs.end(), ring.begin(), ring.end());
   configs.push_back({0, 0, 0});  // the default choice for the shape
+  if (only_default) configs = {{0, 0, 0}};
   const int ring_smem = prop.major >= 9 ? std::min(static_cast<int>(prop.sharedMemPerBlockOptin), 200 * 1024) : 0;
   configure_skinny(ring_smem);
   const std::vector<int> rows = quick       ? std::vector<int>{1}
@@ -197,7 +201,7 @@ int main(int argc, char** argv) {
   for (bool fp8 : {false, true}) {
     for (const Shape& sh : shapes) {
       const size_t wbytes = static_cast<size_t>(sh.N * sh.K) * (fp8 ? 1 : 2);
-      const int copies = static_cast<int>(std::max<size_t>(1, (pool_bytes / 2) / wbytes));
+      const int copies = l2 ? 1 : static_cast<int>(std::max<size_t>(1, (pool_bytes / 2) / wbytes));
       for (int n : rows) {
         double best_us = 1e30;
         std::string best;

@@ -35,6 +35,11 @@
 // the next kernel launch once its keys are done or when it exits, never right after its wait
 // (o_proj's weight loads would queue ahead of the remaining key rounds); which of the two, the
 // backend chooses per launch (CudaBackendOptions::decode_attention_trigger).
+//
+// While the attention runs, DRAM is mostly idle (its keys are a few MB). Its blocks may ask L2
+// for the weights of the Linears after o_proj (CudaBackendOptions::decode_l2_prefetch_bytes),
+// which those kernels then read from L2: a bulk prefetch per thread, right after the first key
+// round is issued, so that the keys go first.
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
 #include "backend/cuda/cuda_backend.h"
@@ -97,7 +102,29 @@ struct DecodeParams {
   // 0 right after the PDL wait, 1 once its keys are done, 2 once its partial is written, 3 when
   // it exits.
   int trigger;
+  // Weights of the kernels after this one (DecodeL2Prefetch): the blocks ask L2 for them once
+  // their first keys are issued. bytes 0: none.
+  const char* l2_data[2];
+  uint32_t l2_bytes[2];
 };
+
+// This block's share of each region of p.l2_data, asked of L2 in bulk prefetches of at most
+// 64 KB, spread over the threads.
+__device__ __forceinline__ void prefetch_l2(const DecodeParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t blocks = gridDim.x * gridDim.y, b = blockIdx.x + blockIdx.y * gridDim.x;
+  constexpr uint32_t kPiece = 65536;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t bytes = p.l2_bytes[r];
+    const uint32_t share = ((bytes + blocks - 1) / blocks + 255u) & ~255u;  // covers the region
+    const uint32_t end = min(bytes, (b + 1) * share);
+    for (uint32_t at = b * share + threadIdx.x * kPiece; at < end; at += kThreads * kPiece)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.l2_data[r] + at), "r"(min(kPiece, end - at))
+                   : "memory");
+  }
+#endif
+}
 
 // Stages: 0 entry, 1 first key round issued, 2 PDL wait passed, 3 q/k prepared, 4 first key round
 // landed, 5 keys done, 6 partial written, 7 exit (after the merge); in the merges: 8 the warps'
@@ -420,6 +447,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
+  prefetch_l2(p);
   if (p.debug_exit == 6) {
     grid_dep_wait();
     grid_dep_launch();
@@ -809,7 +837,7 @@ int configure_decode_attention(bool clusters) {
 int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
                                  float* partial, size_t partial_bytes, uint32_t* counters, const FusedPrepare* prepare,
-                                 const DecodeStepTable* step, int trigger) {
+                                 const DecodeStepTable* step, int trigger, const DecodeL2Prefetch& l2) {
   check_batch(batch);
   QVL_CHECK_EQ(batch.num_tokens, batch.num_seqs) << "decode attention takes one row per sequence";
   QVL_CHECK(out.dtype == DType::kBF16 && qkv.dtype == DType::kBF16) << out.describe() << ", " << qkv.describe();
@@ -851,6 +879,13 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.trace = ctx.decode_trace;
   p.trigger = trigger;
   p.layer = layer;
+  for (int r = 0; r < 2; ++r) {
+    if (l2.bytes[r] == 0) continue;
+    QVL_CHECK(reinterpret_cast<uintptr_t>(l2.data[r]) % 16 == 0 && l2.bytes[r] % 16 == 0 && l2.bytes[r] < (1u << 31))
+        << "decode attention L2 prefetch of " << l2.bytes[r] << " bytes";
+    p.l2_data[r] = static_cast<const char*>(l2.data[r]);
+    p.l2_bytes[r] = static_cast<uint32_t>(l2.bytes[r]);
+  }
   if (prepare) {
     QVL_CHECK(prepare->q_norm.numel() == hd && prepare->k_norm.numel() == hd &&
               prepare->q_norm.dtype == prepare->k_norm.dtype &&

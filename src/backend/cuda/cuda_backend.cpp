@@ -360,6 +360,7 @@ void CudaBackend::text_attention(Tensor out, const Tensor& qkv, const TextBatch&
 
 bool CudaBackend::decoder_stack(Tensor x, const DecoderStack& stack, const TextBatch& batch, const KvCacheView& cache,
                                 const DecoderStackBuffers& buffers) {
+  note_decode_layers(stack);
   if (!fusion_ || !options_.fused_decode || info_.compute_capability < 90) return false;
   if (batch.num_seqs != 1 || batch.num_tokens != 1 || x.ndim != 2 || x.dim(0) != 1) return false;
   flush();
@@ -390,6 +391,31 @@ bool CudaBackend::decoder_stack(Tensor x, const DecoderStack& stack, const TextB
          bytes);
   }
   return cuda::launch_decode_stack(ctx_, a);
+}
+
+void CudaBackend::note_decode_layers(const DecoderStack& stack) {
+  l2_prefetch_.assign(stack.layers.size(), {});
+  for (size_t l = 0; l < stack.layers.size(); ++l) {
+    const LinearWeight* w[2] = {stack.layers[l].gate_up, stack.layers[l].down};
+    for (int r = 0; r < 2; ++r)
+      if (w[r] && w[r]->parts.size() == 1 && w[r]->parts[0].weight.device == Device::kCuda)
+        l2_prefetch_[l][r] = {w[r]->parts[0].weight.data, static_cast<size_t>(w[r]->parts[0].weight.nbytes())};
+  }
+}
+
+cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) const {
+  cuda::DecodeL2Prefetch l2;
+  int64_t want = options_.decode_l2_prefetch_bytes;
+  if (want < 0) want = num_seqs == 1 && info_.compute_capability / 10 == 9 ? kDecodeL2PrefetchBytes : 0;
+  if (want <= 0 || info_.compute_capability < 90 || layer < 0 || static_cast<size_t>(layer) >= l2_prefetch_.size())
+    return l2;
+  for (int r = 0; r < 2; ++r) {
+    const auto& [data, bytes] = l2_prefetch_[layer][r];
+    if (data == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0) continue;
+    l2.data[r] = data;
+    l2.bytes[r] = std::min(static_cast<size_t>(want), bytes) & ~size_t{15};
+  }
+  return l2;
 }
 
 void CudaBackend::launch_decode_attention(const LinearWeight* next) {
@@ -424,9 +450,11 @@ void CudaBackend::launch_decode_attention(const LinearWeight* next) {
   }
   if (a.layer == 0) step_table_ready_ = false;
   const cuda::DecodeStepTable table = decode_step_table(mode);
+  const cuda::DecodeL2Prefetch l2 = decode_l2_prefetch(a.layer, a.batch.num_seqs);
+  if (l2.bytes[0] + l2.bytes[1] > 0) ++fp8_counts_.decode_l2_prefetch;
   const int used = cuda::launch_text_decode_attention(
       ctx_, a.out, a.qkv, a.batch, a.cache, a.layer, a.shape, a.scale, static_cast<float*>(decode_scratch_.data()),
-      decode_partial_bytes(), decode_counters(), a.fused ? &a.prepare : nullptr, &table, trigger);
+      decode_partial_bytes(), decode_counters(), a.fused ? &a.prepare : nullptr, &table, trigger, l2);
   if (used == 1) {
     step_table_ready_ = true;
     step_batch_ = a.batch;

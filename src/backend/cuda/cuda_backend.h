@@ -193,6 +193,17 @@ struct CudaBackendOptions {
   // gate_up's ring before down.
   // 0: never; 1: every such Linear (tests).
   int decode_early_launch = -1;
+  // While the decode attention runs DRAM is mostly idle, and the Linears after it read weights
+  // in L2 faster than from DRAM (tools/bench/gemv_sweep --l2, H100: 2B FP8 gate_up 11.35 ->
+  // 7.65 us, down 6.72 -> 4.51). So the attention's blocks ask L2 for the first this many bytes
+  // of its layer's gate_up weights and as many of its down_proj's (the layers the model passed
+  // to decoder_stack; none where it did not), once their first keys are issued.
+  // -1 (default): 16 MB each at batch 1 on compute capability 9.x, else 0. Decode step, batch 1,
+  // H100, against 0 in one call (bench/RESULTS.md run 37): 2B FP8 -1.1%, 2B BF16 -2.3%, 4B FP8
+  // -0.9%, 4B BF16 -1.5%, 8B FP8 -1.0%, 8B BF16 -1.0%; 12 MB and 20 MB each measured alike, 24 MB
+  // of gate_up alone less evenly. At batch 8 the prefetch slowed the step by 4-10% (the
+  // attention reads more keys and the Linears more rows). > 0: that many at every batch (tests).
+  int64_t decode_l2_prefetch_bytes = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer
   // per layer); results are the same either way up to the fp32 summation order of RMSNorm.
@@ -340,6 +351,7 @@ struct CudaFp8GemmCounts {
   int64_t skinny_glu = 0;
   int64_t skinny_prologue = 0;
   int64_t skinny_early = 0;  // decode Linears that let the next kernel launch before their wait
+  int64_t decode_l2_prefetch = 0;  // decode attentions that asked L2 for later weights
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

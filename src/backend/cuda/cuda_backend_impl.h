@@ -18,11 +18,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -259,6 +261,12 @@ class CudaBackend final : public Backend {
   cuda::WeightStream weight_stream_;  // created by the first allocate_host
   PendingPrepare prep_;
   PendingAttention attn_;
+  // Per text layer, the gate_up and down_proj weights the decode attention of that layer asks
+  // L2 for (CudaBackendOptions::decode_l2_prefetch_bytes), from the model's decoder_stack call;
+  // empty until one. Only weights this backend loaded, which live as long as it does.
+  std::vector<std::array<std::pair<const void*, size_t>, 2>> l2_prefetch_;
+  void note_decode_layers(const DecoderStack& stack);
+  cuda::DecodeL2Prefetch decode_l2_prefetch(int layer, int num_seqs) const;
   PendingLinear lin_;
   int glu_rows_ = kSkinnyGluMaxRows;  // CudaBackendOptions::silu_mul_epilogue_max_rows, clamped
   // The decode step table was written by a layer-0 decode attention of this batch and cache, and
@@ -280,6 +288,9 @@ class CudaBackend final : public Backend {
   // BF16 (256 tiles of 33.6 MB) measured its weights' stream on the critical path costlier (5.765
   // against 5.716 ms; H100, RESULTS run 36). The bound lies between those two points.
   static constexpr double kLateLaunchMaxBytes = 24e6;
+  // CudaBackendOptions::decode_l2_prefetch_bytes' default where it applies: a third of an H100's
+  // 50 MB L2 for each of gate_up and down_proj.
+  static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;

@@ -285,6 +285,13 @@ struct DecodeStepTable {
   int max_head_dim = 0;
   int mode = 0;
 };
+// Device memory the decode attention's blocks ask L2 for (CudaBackendOptions::decode_l2_prefetch_
+// bytes): up to two regions, 16-byte aligned, sizes multiples of 16 (0: none). Only a hint: the
+// results do not depend on it.
+struct DecodeL2Prefetch {
+  const void* data[2] = {nullptr, nullptr};
+  size_t bytes[2] = {0, 0};
+};
 // trigger: when a block lets the next kernel launch (CudaBackendOptions::decode_attention_
 // trigger, 0..3). Returns the step table mode it used (0 where the table does not apply: no
 // fused prepare, too many sequences or splits, pages under 3 tokens).
@@ -292,6 +299,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
                                  const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale,
                                  float* partial, size_t partial_bytes, uint32_t* counters,
                                  const FusedPrepare* prepare = nullptr, const DecodeStepTable* step = nullptr,
-                                 int trigger = 1);
+                                 int trigger = 1, const DecodeL2Prefetch& l2 = {});
 
 }  // namespace qvl::cuda
