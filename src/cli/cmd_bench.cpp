@@ -183,7 +183,8 @@ Status run_bench(const BenchOptions& o) {
     opts.decode_attention_trace = o.decode_attention_trace;
     if (o.decode_attention_trigger >= 0) opts.decode_attention_trigger = o.decode_attention_trigger;
     opts.decode_early_launch = o.decode_early_launch;
-    if (o.decode_l2_prefetch_mb >= 0) opts.decode_l2_prefetch_bytes = static_cast<int64_t>(o.decode_l2_prefetch_mb * 1e6);
+    if (o.decode_l2_prefetch_mb >= 0)
+      opts.decode_l2_prefetch_bytes = static_cast<int64_t>(o.decode_l2_prefetch_mb * 1e6);
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
@@ -684,8 +685,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "per launch, CudaBackendOptions::decode_attention_trigger)")
       ->check(CLI::Range(-1, 3));
   app.add_option("--decode-l2-prefetch-mb", o->decode_l2_prefetch_mb,
-                 "CUDA: MB of gate_up's and of down_proj's weights the decode attention asks L2 for (0: none; "
-                 "default: CudaBackendOptions::decode_l2_prefetch_bytes)");
+                 "CUDA: MB of gate_up's and of down_proj's weights the decode attention asks L2 for, at every "
+                 "batch (0: none; default: CudaBackendOptions::decode_l2_prefetch_bytes)");
   app.add_option("--decode-early-launch", o->decode_early_launch,
                  "CUDA A/B: whether a decode Linear without a prologue that does not follow the attention "
                  "(down_proj) lets the next kernel launch before its PDL wait: 0 never, 1 always (default -1: "

@@ -38,8 +38,9 @@
 //
 // While the attention runs, DRAM is mostly idle (its keys are a few MB). Its blocks may ask L2
 // for the weights of the Linears after o_proj (CudaBackendOptions::decode_l2_prefetch_bytes),
-// which those kernels then read from L2: a bulk prefetch per thread, right after the first key
-// round is issued, so that the keys go first.
+// which those kernels then read from L2: bulk prefetches spread over the threads, right after the
+// first key round is issued, so that the keys go first, and only where that round is the split's
+// only one (a later round's keys would wait behind the prefetch).
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
 #include "backend/cuda/cuda_backend.h"
@@ -447,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   zero_tail<HD>(kv, max(0, r0));
   stamp(p, 1);
-  prefetch_l2(p);
+  if (nrounds == 1) prefetch_l2(p);  // a later round's keys would queue behind the prefetch
   if (p.debug_exit == 6) {
     grid_dep_wait();
     grid_dep_launch();

@@ -405,15 +405,17 @@ void CudaBackend::note_decode_layers(const DecoderStack& stack) {
 
 cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) const {
   cuda::DecodeL2Prefetch l2;
-  int64_t want = options_.decode_l2_prefetch_bytes;
-  if (want < 0) want = num_seqs == 1 && info_.compute_capability / 10 == 9 ? kDecodeL2PrefetchBytes : 0;
-  if (want <= 0 || info_.compute_capability < 90 || layer < 0 || static_cast<size_t>(layer) >= l2_prefetch_.size())
+  const int64_t option = options_.decode_l2_prefetch_bytes;
+  const bool by_default = option < 0 && num_seqs == 1 && info_.compute_capability / 10 == 9;
+  if ((option <= 0 && !by_default) || info_.compute_capability < 90 || layer < 0 ||
+      static_cast<size_t>(layer) >= l2_prefetch_.size())
     return l2;
   for (int r = 0; r < 2; ++r) {
     const auto& [data, bytes] = l2_prefetch_[layer][r];
     if (data == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0) continue;
+    const size_t want = by_default ? std::min<size_t>(kDecodeL2PrefetchBytes, bytes / 2) : static_cast<size_t>(option);
+    l2.bytes[r] = std::min(want, bytes) & ~size_t{15};
     l2.data[r] = data;
-    l2.bytes[r] = std::min(static_cast<size_t>(want), bytes) & ~size_t{15};
   }
   return l2;
 }

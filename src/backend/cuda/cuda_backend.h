@@ -195,14 +195,18 @@ struct CudaBackendOptions {
   int decode_early_launch = -1;
   // While the decode attention runs DRAM is mostly idle, and the Linears after it read weights
   // in L2 faster than from DRAM (tools/bench/gemv_sweep --l2, H100: 2B FP8 gate_up 11.35 ->
-  // 7.65 us, down 6.72 -> 4.51). So the attention's blocks ask L2 for the first this many bytes
-  // of its layer's gate_up weights and as many of its down_proj's (the layers the model passed
-  // to decoder_stack; none where it did not), once their first keys are issued.
-  // -1 (default): 16 MB each at batch 1 on compute capability 9.x, else 0. Decode step, batch 1,
-  // H100, against 0 in one call (bench/RESULTS.md run 37): 2B FP8 -1.1%, 2B BF16 -2.3%, 4B FP8
-  // -0.9%, 4B BF16 -1.5%, 8B FP8 -1.0%, 8B BF16 -1.0%; 12 MB and 20 MB each measured alike, 24 MB
-  // of gate_up alone less evenly. At batch 8 the prefetch slowed the step by 4-10% (the
-  // attention reads more keys and the Linears more rows). > 0: that many at every batch (tests).
+  // 7.65 us, down 6.72 -> 4.51). So the attention's blocks ask L2 for the first part of its
+  // layer's gate_up and down_proj weights (the layers the model passed to decoder_stack; none
+  // where it did not), once their first keys are issued, and only where a block's keys are one
+  // round (64; at batch 1 with 16 splits a context of up to 1024: a later round's keys would wait
+  // behind the prefetch, which measured +3% at 1214 tokens, 2B FP8).
+  // -1 (default): at batch 1 on compute capability 9.x, half of each weight and at most 16 MB
+  // of it (kDecodeL2PrefetchBytes), else none. Decode step, batch 1, 838 tokens, H100, against
+  // none, medians of three in one call (bench/RESULTS.md run 37): 2B FP8 -1.6%, 2B BF16 -2.6%,
+  // 4B FP8 -0.6%, 4B BF16 -1.4%; at 994 tokens 2B FP8 -1.3%, 2B BF16 -1.8%. 16 MB of each
+  // without the halving: 2B FP8 +0.3 to -1.1% between calls, the others alike. At 2 and 4
+  // sequences it measured up to +7% (the attention reads more keys, the Linears more rows), at 8
+  // +4 to +10%. 0: never; > 0: that many bytes of each at every batch (tests).
   int64_t decode_l2_prefetch_bytes = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer
@@ -350,8 +354,8 @@ struct CudaFp8GemmCounts {
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
   int64_t skinny_prologue = 0;
-  int64_t skinny_early = 0;  // decode Linears that let the next kernel launch before their wait
-  int64_t decode_l2_prefetch = 0;  // decode attentions that asked L2 for later weights
+  int64_t skinny_early = 0;        // decode Linears that let the next kernel launch before their wait
+  int64_t decode_l2_prefetch = 0;  // decode attentions launched with weights to ask L2 for
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -288,8 +288,8 @@ class CudaBackend final : public Backend {
   // BF16 (256 tiles of 33.6 MB) measured its weights' stream on the critical path costlier (5.765
   // against 5.716 ms; H100, RESULTS run 36). The bound lies between those two points.
   static constexpr double kLateLaunchMaxBytes = 24e6;
-  // CudaBackendOptions::decode_l2_prefetch_bytes' default where it applies: a third of an H100's
-  // 50 MB L2 for each of gate_up and down_proj.
+  // CudaBackendOptions::decode_l2_prefetch_bytes' default where it applies: at most this much of
+  // each of gate_up and down_proj (a third of an H100's 50 MB L2), and at most half of it.
   static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)

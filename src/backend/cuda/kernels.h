@@ -286,8 +286,8 @@ struct DecodeStepTable {
   int mode = 0;
 };
 // Device memory the decode attention's blocks ask L2 for (CudaBackendOptions::decode_l2_prefetch_
-// bytes): up to two regions, 16-byte aligned, sizes multiples of 16 (0: none). Only a hint: the
-// results do not depend on it.
+// bytes), where a block's split takes one round of keys: up to two regions, 16-byte aligned, sizes
+// multiples of 16 (0: none). Only a hint: the results do not depend on it.
 struct DecodeL2Prefetch {
   const void* data[2] = {nullptr, nullptr};
   size_t bytes[2] = {0, 0};
