@@ -736,11 +736,10 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
 // LinearFusedPrologues does; SiLU·mul of the GPU's gate_up; down of the GPU's SiLU·mul), so that
 // each op is held to its own tolerance.
 // Kernels: the defaults, 16 warps, three FP8 blocks per multiprocessor, the ring (BF16 whole tiles
-// and row segments; FP8 rings fall back to a separate SiLU·mul) and cluster pairs (FP8: the
-// fallback). I = 2048 (256 tiles: more than cluster pairs take by default on up to 170
-// multiprocessors, so the defaults keep the one-tile kernel); I = 1000, whose up rows start
-// inside a 128-row FP8 scale block (a tile's gate and up rows take different scale rows);
-// I = 1004 (I % 8 != 0: no epilogue); 9 rows: past the epilogue's 8.
+// and row segments, BF16 and FP8) and cluster pairs (FP8: a separate SiLU·mul, the fallback). I = 2048 (256 tiles: more
+// than cluster pairs take by default on up to 170 multiprocessors, so the defaults keep the one-tile kernel); I = 1000,
+// whose up rows start inside a 128-row FP8 scale block (a tile's gate and up rows take different scale rows); I = 1004
+// (I % 8 != 0: no epilogue); 9 rows: past the epilogue's 8.
 TEST(GpuOps, LinearSiluMulEpilogue) {
   QVL_REQUIRE_CUDA();
   struct Config {
@@ -753,8 +752,8 @@ TEST(GpuOps, LinearSiluMulEpilogue) {
       {"defaults", {}, true, true, false},
       {"16 warps", {.variant = 1, .warps = 16}, true, true, false},
       {"3 blocks", {.variant = 1, .blocks = 3}, true, true, false},
-      {"ring, whole tiles", {.variant = 3, .split = 1}, true, false, true},
-      {"ring, row segments", {.variant = 3, .split = 2, .group = 1}, true, false, true},
+      {"ring, whole tiles", {.variant = 3, .split = 1}, true, true, true},
+      {"ring, row segments", {.variant = 3, .split = 2, .group = 1}, true, true, true},
       {"cluster pairs", {.variant = 1, .split = 2}, true, false, true},
   };
   for (const Config& cfg : configs) {

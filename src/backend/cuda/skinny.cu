@@ -191,6 +191,10 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
   return prologue_bytes(p);
 }
 
+// The largest FP8 tile (16 rows x K bytes) that gate_up at one row streams through the ring
+// (choose_skinny): 4B's K = 2560 measured faster, 8B's 4096 slower.
+constexpr int64_t kFp8GluRingTileMax = 40 * 1024;
+
 // Whether an FP8 Linear of n rows takes the wide kernel by default: on sm_90, where it measured
 // faster than the one-tile kernel in the decode step (qvl bench A/B, 2B / 4B / 8B FP8 on an H100,
 // bench/RESULTS.md run 19). Tall Linears (two 128-row tiles per multiprocessor: gate_up) from 16
@@ -217,7 +221,8 @@ SkinnyTuning requested_tuning(const LaunchContext& ctx, int64_t N) {
 // One-tile blocks of one row load two groups before the PDL wait, FP8 two chunks per group;
 // with more rows both cost time (qvl bench A/B on an H100, 2B / 2B FP8 / 4B FP8 decode step:
 // batch 1 -3% / -12% / -8%, batch 8 +2% / +4% / +3%; bench/RESULTS.md).
-SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, SkinnyPrologue::Kind pro) {
+SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, SkinnyPrologue::Kind pro,
+                           bool glu) {
   SkinnyTuning t = requested_tuning(ctx, p.N);
   if (t.stage == 0) t.stage = 2;
   QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
@@ -238,12 +243,27 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     // four per multiprocessor (2B gate_up and lm_head). qvl bench A/B on an H100: 2B decode -2.4%
     // at batch 1, -5.8% at 8 (bench/RESULTS.md). Elsewhere it measured slower or no faster:
     // smaller grids (qkv, o_proj: o_proj's ring, one block per multiprocessor, no longer shares
-    // them with the attention before it, +5%), longer tiles (4B, 8B), and every FP8 Linear, whose
-    // dequantising consumers, 8 warps per multiprocessor, fall behind the stream.
+    // them with the attention before it, +5%), longer tiles (4B, 8B), and FP8 Linears without
+    // the SwiGLU epilogue, whose dequantising consumers, 8 warps per multiprocessor, fall behind
+    // the stream (FP8 gate_up at one row: below).
     // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB
     // of shared memory per block, where the ring would fall back to row segments).
     if (tiles >= 4LL * ctx.num_sms && ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage)))
       t.variant = 3;
+  }
+  if (t.variant == 0 && fp8 && glu && p.n == 1 && ctx.ring_smem > 0 && p.scale_row_shift == kChunkShift &&
+      tiles >= 4LL * ctx.num_sms && int64_t{kRows} * p.K <= kFp8GluRingTileMax &&
+      ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage))) {
+    // FP8 gate_up at one row, with its SwiGLU epilogue (and RMSNorm prologue where fused): the
+    // ring of whole tiles, two stages, two blocks per multiprocessor. qvl bench A/B on an H100
+    // against the one-tile kernel (bench/RESULTS.md run 37): decode at batch 1 4B FP8 -3.0%, 2B
+    // FP8 -1.1% (the ring's default depth: +6.3%). 8B FP8 (64 KB tiles: two blocks of two stages
+    // no longer fit a multiprocessor) +1.0%, hence tiles of at most 40 KB. Forced at 8 rows
+    // +3.4 / +4.5% (2B / 4B): one row only.
+    t.variant = 3;
+    t.depth = 2;
+    t.split = 1;
+    t.blocks = 2;
   }
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
@@ -422,7 +442,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     QVL_CHECK(block_rows || scale.dim(0) == N) << "scale " << scale.describe() << " for N " << N;
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
-  const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind);
+  const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind, !glu_out.empty());
   if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !follows_attention && ctx.early_launch != 0) {
     const int64_t blocks = skinny_tiles(p.N) * (tune.split == 2 ? 2 : 1);
     p.early_launch = ctx.early_launch == 1 ||
@@ -438,7 +458,7 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
         << "skinny_linear: SwiGLU output " << glu_out.describe() << " for " << out.describe();
     // The one-tile kernel without cluster pairs and the BF16 ring take it; other kernels write
     // out, and SiLU·mul follows as its own launch (silu_after).
-    if ((tune.variant == 1 && tune.split != 2) || (tune.variant == 3 && !fp8)) {
+    if ((tune.variant == 1 && tune.split != 2) || tune.variant == 3) {
       p.glu_out = glu_out.as<bf16>();
       if (ctx.glu_launches != nullptr) ++*ctx.glu_launches;
     }

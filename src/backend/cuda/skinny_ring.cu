@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   char* ring = reinterpret_cast<char*>(prologue_x) + L.ring_offset;
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + static_cast<size_t>(L.depth) * L.stage_bytes);
   unsigned* done = reinterpret_cast<unsigned*>(full + L.depth);
-  float* tile_scale = reinterpret_cast<float*>(done + L.depth);  // FP8: [my tiles][chunks]
+  float* tile_scale = reinterpret_cast<float*>(done + L.depth);  // FP8: [my tiles][chunks][rows 0-7, 8-15]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -116,10 +116,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   if (warp == 0)
     for (int q = 0; q < min(depth, total); ++q) issue(q);  // weights: safe before the wait
   if constexpr (kFp8) {
-    // Every block scale this block uses, once (a 16-row tile lies in one 128-row scale block).
-    for (int i = threadIdx.x; i < my_tiles * nchunks; i += kWarps * 32) {
-      const int ti = i / nchunks, c = i - ti * nchunks;
-      tile_scale[i] = block_scale(p, min((blockIdx.x + ti * gridDim.x) * kRows, p.N - 1), c);
+    // Every block scale this block uses, once: a tile's rows 0-7 and 8-15 each lie in one
+    // 128-row scale block (with the SwiGLU epilogue, gate rows and up rows: two blocks).
+    for (int i = threadIdx.x; i < 2 * my_tiles * nchunks; i += kWarps * 32) {
+      const int h = i & 1, ti = (i >> 1) / nchunks, c = (i >> 1) - ti * nchunks;
+      tile_scale[i] = block_scale(p, tile_row(p, blockIdx.x + ti * gridDim.x, 8 * h), c);
     }
   }
   PrologueWeights pw;
@@ -158,11 +159,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       float part[2][1][4];
       chunk_mma<kFp8, 1, PRO>(p, c0, t, g, w[0], pro_smem, part[0]);
       chunk_mma<kFp8, 1, PRO>(p, has1 ? c0 + kWarps : nchunks, t, g, w[1], pro_smem, part[1]);
-      const float s0 = kFp8 ? tile_scale[ti * nchunks + c0] : 1.0f;
-      accumulate_scaled(acc, part[0], s0, s0);
+      const float* s0 = tile_scale + 2 * (ti * nchunks + c0);
+      accumulate_scaled(acc, part[0], kFp8 ? s0[0] : 1.0f, kFp8 ? s0[1] : 1.0f);
       if (has1) {
-        const float s1 = kFp8 ? tile_scale[ti * nchunks + c0 + kWarps] : 1.0f;
-        accumulate_scaled(acc, part[1], s1, s1);
+        const float* s1 = s0 + 2 * kWarps;
+        accumulate_scaled(acc, part[1], kFp8 ? s1[0] : 1.0f, kFp8 ? s1[1] : 1.0f);
       }
     }
     // Release the stage; the last warp out refills it.
@@ -198,7 +199,7 @@ RingFixed ring_fixed(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, 
   f.tiles = ceil_div(p.N, kRows);
   f.grid = std::min<int64_t>(f.tiles, static_cast<int64_t>(blocks) * ctx.num_sms);
   f.ring_offset = static_cast<int>((pro_bytes + 127) / 128 * 128);
-  f.scale_bytes = fp8 ? static_cast<int>(ceil_div(f.tiles, f.grid) * ceil_div(p.K, kChunk) * sizeof(float)) : 0;
+  f.scale_bytes = fp8 ? static_cast<int>(2 * ceil_div(f.tiles, f.grid) * ceil_div(p.K, kChunk) * sizeof(float)) : 0;
   return f;
 }
 // Whether two whole-tile stages (and their barriers) fit beside f.
