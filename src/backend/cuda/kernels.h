@@ -185,7 +185,7 @@ inline bool fused_prologue_pays(int64_t out_features, int64_t rows, int num_sms,
 // With glu_out (the SwiGLU epilogue; at most kSkinnyMaxRows rows, no bias, activation or
 // residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out
 // [n, I] = SiLU·mul of out exactly as launch_silu_mul writes it: in the Linear's epilogue where the
-// chosen kernel takes it (one-tile; ring for BF16), else by a launch_silu_mul after it.
+// chosen kernel takes it (one-tile, ring), else by a launch_silu_mul after it.
 // follows_attention: x is the decode attention's output (o_proj), which never launches the next
 // kernel early (CudaBackendOptions::decode_early_launch).
 void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x, const LinearWeight& w,

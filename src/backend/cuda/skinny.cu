@@ -456,8 +456,8 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     QVL_CHECK(glu_out.dtype == DType::kBF16 && glu_out.dim(0) == n && glu_out.row_numel() == N / 2 &&
               glu_out.data != out.data && glu_out.data != x.data)
         << "skinny_linear: SwiGLU output " << glu_out.describe() << " for " << out.describe();
-    // The one-tile kernel without cluster pairs and the BF16 ring take it; other kernels write
-    // out, and SiLU·mul follows as its own launch (silu_after).
+    // The one-tile kernel without cluster pairs and the ring take it; other kernels write out,
+    // and SiLU·mul follows as its own launch (silu_after).
     if ((tune.variant == 1 && tune.split != 2) || tune.variant == 3) {
       p.glu_out = glu_out.as<bf16>();
       if (ctx.glu_launches != nullptr) ++*ctx.glu_launches;
