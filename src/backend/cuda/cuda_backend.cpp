@@ -62,6 +62,7 @@ Status CudaBackend::init() {
   // The wide FP8 decode Linear (skinny_wide.cu) was measured on sm_90 only (H100): elsewhere the
   // one-tile kernel stays the default, and the wide one runs only where a benchmark forces it.
   ctx_.wide_fp8 = ctx_.clusters && info_.compute_capability / 10 == 9;
+  ctx_.fp8_glu_ring = info_.compute_capability / 10 == 9;
   ctx_.wide_launches = &fp8_counts_.skinny_wide;
   ctx_.warps16_launches = &fp8_counts_.skinny_16_warps;
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;

@@ -79,8 +79,9 @@ struct LaunchContext {
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
-  int ring_smem = 0;      // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
-  bool wide_fp8 = false;  // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
+  int ring_smem = 0;          // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
+  bool wide_fp8 = false;      // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
+  bool fp8_glu_ring = false;  // FP8 gate_up at one row may take the ring by default (sm_9x, measured)
   int64_t* wide_launches = nullptr;      // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
   int64_t* warps16_launches = nullptr;   // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
   int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)

@@ -251,15 +251,16 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
     if (tiles >= 4LL * ctx.num_sms && ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage)))
       t.variant = 3;
   }
-  if (t.variant == 0 && fp8 && glu && p.n == 1 && ctx.ring_smem > 0 && p.scale_row_shift == kChunkShift &&
-      tiles >= 4LL * ctx.num_sms && int64_t{kRows} * p.K <= kFp8GluRingTileMax &&
+  if (t.variant == 0 && fp8 && glu && p.n == 1 && ctx.fp8_glu_ring && ctx.ring_smem > 0 &&
+      p.scale_row_shift == kChunkShift && tiles >= 4LL * ctx.num_sms && int64_t{kRows} * p.K <= kFp8GluRingTileMax &&
       ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage))) {
     // FP8 gate_up at one row, with its SwiGLU epilogue (and RMSNorm prologue where fused): the
     // ring of whole tiles, two stages, two blocks per multiprocessor. qvl bench A/B on an H100
     // against the one-tile kernel (bench/RESULTS.md run 37): decode at batch 1 4B FP8 -3.0%, 2B
     // FP8 -1.1% (the ring's default depth: +6.3%). 8B FP8 (64 KB tiles: two blocks of two stages
     // no longer fit a multiprocessor) +1.0%, hence tiles of at most 40 KB. Forced at 8 rows
-    // +3.4 / +4.5% (2B / 4B): one row only.
+    // +3.4 / +4.5% (2B / 4B): one row only. Compute capability 9.x only (LaunchContext::
+    // fp8_glu_ring): elsewhere a multiprocessor may hold one such block, as 8B's did.
     t.variant = 3;
     t.depth = 2;
     t.split = 1;
