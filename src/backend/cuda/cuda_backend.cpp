@@ -61,8 +61,8 @@ Status CudaBackend::init() {
   cuda::configure_skinny(ctx_.ring_smem);
   // The wide FP8 decode Linear (skinny_wide.cu) was measured on sm_90 only (H100): elsewhere the
   // one-tile kernel stays the default, and the wide one runs only where a benchmark forces it.
-  ctx_.wide_fp8 = ctx_.clusters && info_.compute_capability / 10 == 9;
-  ctx_.fp8_glu_ring = info_.compute_capability / 10 == 9;
+  ctx_.wide_fp8 = ctx_.clusters && measured_arch();
+  ctx_.fp8_glu_ring = measured_arch();
   ctx_.wide_launches = &fp8_counts_.skinny_wide;
   ctx_.warps16_launches = &fp8_counts_.skinny_16_warps;
   ctx_.pair_launches = &fp8_counts_.skinny_pairs;
@@ -407,7 +407,7 @@ void CudaBackend::note_decode_layers(const DecoderStack& stack) {
 cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) const {
   cuda::DecodeL2Prefetch l2;
   const int64_t option = options_.decode_l2_prefetch_bytes;
-  const bool by_default = option < 0 && num_seqs == 1 && info_.compute_capability / 10 == 9;
+  const bool by_default = option < 0 && num_seqs == 1 && measured_arch();
   if ((option <= 0 && !by_default) || info_.compute_capability < 90 || layer < 0 ||
       static_cast<size_t>(layer) >= l2_prefetch_.size())
     return l2;

@@ -266,6 +266,9 @@ class CudaBackend final : public Backend {
   // empty until one. Only weights this backend loaded, which live as long as it does.
   std::vector<std::array<std::pair<const void*, size_t>, 2>> l2_prefetch_;
   void note_decode_layers(const DecoderStack& stack);
+  // Compute capability 9.x (H100, H200): where the decode defaults that depend on the device
+  // (the wide FP8 kernel, FP8 gate_up's ring, the L2 prefetch) were measured.
+  bool measured_arch() const { return info_.compute_capability / 10 == 9; }
   cuda::DecodeL2Prefetch decode_l2_prefetch(int layer, int num_seqs) const;
   PendingLinear lin_;
   int glu_rows_ = kSkinnyGluMaxRows;  // CudaBackendOptions::silu_mul_epilogue_max_rows, clamped

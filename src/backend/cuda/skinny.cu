@@ -238,33 +238,33 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   if (p.n > kSkinnyMaxRows) t = SkinnyTuning{.variant = 4, .split = t.variant == 4 ? t.split : 0};
   if (t.variant == 4) return t;
   const int64_t tiles = ceil_div(p.N, kRows);
-  if (t.variant == 0 && !fp8 && p.n <= 8 && ctx.ring_smem > 0) {
-    // BF16 up to 8 rows: the bulk-copy ring for whole 16-row tiles of at most 64 KB, at least
-    // four per multiprocessor (2B gate_up and lm_head). qvl bench A/B on an H100: 2B decode -2.4%
-    // at batch 1, -5.8% at 8 (bench/RESULTS.md). Elsewhere it measured slower or no faster:
-    // smaller grids (qkv, o_proj: o_proj's ring, one block per multiprocessor, no longer shares
-    // them with the attention before it, +5%), longer tiles (4B, 8B), and FP8 Linears without
-    // the SwiGLU epilogue, whose dequantising consumers, 8 warps per multiprocessor, fall behind
-    // the stream (FP8 gate_up at one row: below).
-    // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB
-    // of shared memory per block, where the ring would fall back to row segments).
-    if (tiles >= 4LL * ctx.num_sms && ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage)))
-      t.variant = 3;
-  }
-  if (t.variant == 0 && fp8 && glu && p.n == 1 && ctx.fp8_glu_ring && ctx.ring_smem > 0 &&
-      p.scale_row_shift == kChunkShift && tiles >= 4LL * ctx.num_sms && int64_t{kRows} * p.K <= kFp8GluRingTileMax &&
+  // The bulk-copy ring of whole 16-row tiles, at least four per multiprocessor, for:
+  // - BF16 up to 8 rows, tiles of at most 64 KB (2B gate_up and lm_head). qvl bench A/B on an
+  //   H100: 2B decode -2.4% at batch 1, -5.8% at 8 (bench/RESULTS.md). Elsewhere it measured
+  //   slower or no faster: smaller grids (qkv, o_proj: o_proj's ring, one block per
+  //   multiprocessor, no longer shares them with the attention before it, +5%), longer tiles (4B,
+  //   8B), and FP8 Linears without the SwiGLU epilogue, whose dequantising consumers, 8 warps per
+  //   multiprocessor, fall behind the stream.
+  // - FP8 gate_up at one row with its SwiGLU epilogue (and RMSNorm prologue where fused), two
+  //   stages and two blocks per multiprocessor. qvl bench A/B on an H100 against the one-tile
+  //   kernel (bench/RESULTS.md run 37): decode at batch 1 4B FP8 -3.0%, 2B FP8 -1.1% (the ring's
+  //   default depth: +6.3%). 8B FP8 (64 KB tiles: two blocks of two stages no longer fit a
+  //   multiprocessor) +1.0%, hence tiles of at most 40 KB. Forced at 8 rows +3.4 / +4.5% (2B /
+  //   4B): one row only. Compute capability 9.x only (LaunchContext::fp8_glu_ring): elsewhere a
+  //   multiprocessor may hold one such block, as 8B's did.
+  // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB of
+  // shared memory per block, where the ring would fall back to row segments).
+  const bool bf16_ring = !fp8 && p.n <= 8;
+  const bool fp8_glu_ring = fp8 && glu && p.n == 1 && ctx.fp8_glu_ring && p.scale_row_shift == kChunkShift &&
+                            int64_t{kRows} * p.K <= kFp8GluRingTileMax;
+  if (t.variant == 0 && (bf16_ring || fp8_glu_ring) && ctx.ring_smem > 0 && tiles >= 4LL * ctx.num_sms &&
       ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage))) {
-    // FP8 gate_up at one row, with its SwiGLU epilogue (and RMSNorm prologue where fused): the
-    // ring of whole tiles, two stages, two blocks per multiprocessor. qvl bench A/B on an H100
-    // against the one-tile kernel (bench/RESULTS.md run 37): decode at batch 1 4B FP8 -3.0%, 2B
-    // FP8 -1.1% (the ring's default depth: +6.3%). 8B FP8 (64 KB tiles: two blocks of two stages
-    // no longer fit a multiprocessor) +1.0%, hence tiles of at most 40 KB. Forced at 8 rows
-    // +3.4 / +4.5% (2B / 4B): one row only. Compute capability 9.x only (LaunchContext::
-    // fp8_glu_ring): elsewhere a multiprocessor may hold one such block, as 8B's did.
     t.variant = 3;
-    t.depth = 2;
-    t.split = 1;
-    t.blocks = 2;
+    if (fp8_glu_ring) {
+      t.depth = 2;
+      t.split = 1;
+      t.blocks = 2;
+    }
   }
   if (t.variant == 0) t.variant = p.n > 16 && tiles >= 4096 ? 2 : 1;
   if (t.variant == 1) {
