@@ -34,7 +34,8 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 // mma.sync flash kernels, split); on sm_90+ one with CudaBackendOptions::cluster_attention off
 // (and the warpgroup-MMA kernels off); and one with vision attention at one m-tile per warp and
 // prefill Q in its own shared memory, splitting from two key tiles on (vision_attention_mt = 1,
-// prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off).
+// prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off), whose decode
+// attention takes its keys by cp.async where the others take TMA boxes (sm_90+).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -66,6 +67,7 @@ class AttentionGpus {
     o.prefill_key_tiles = 1;
     o.vision_wgmma = false;
     o.prefill_wgmma = false;
+    o.decode_attention_tma = false;
     mt1_ = cuda_backend_with(o);
     list_.push_back({kMt1, mt1_.get()});
   }
@@ -74,7 +76,7 @@ class AttentionGpus {
   // warp with the same cluster setting as kMt1's.
   std::string mt2_label() const { return mma_sync_ ? kMmaSync : ""; }
   static constexpr const char* kMmaSync = " mma.sync";
-  static constexpr const char* kMt1 = " mt1 no-q-alias key-tiles-1";
+  static constexpr const char* kMt1 = " mt1 no-q-alias key-tiles-1 no-tma";
 
  private:
   std::unique_ptr<Backend> mma_sync_, unsplit_, mt1_;
@@ -482,6 +484,80 @@ TEST(GpuOps, TextDecodeClusterMergeSameBits) {
       bits.push_back(raw<uint16_t>(*be, out));
     }
     EXPECT_EQ(first_difference(bits[0], bits[1]), -1) << "context " << ctx;
+  }
+}
+
+// The decode attention's key rounds through TMA (sm_90+; the default for a BF16 cache whose pages
+// hold a multiple of 16 tokens) against cp.async from every thread: the same bits, and within the
+// oracle's tolerance. TMA lands whole 16-key groups, so the rows past a context in its last page
+// are read too: here they hold NaN (the cp.async rounds never read them), which the kernel must
+// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split, the
+// L2 merge, several sequences, 64-token pages, head dim 64.
+TEST(GpuOps, TextDecodeTmaSameBits) {
+  QVL_REQUIRE_CUDA();
+  auto info = cuda_device_info(0);
+  if (!info.is_ok() || info->compute_capability < 90) GTEST_SKIP() << "TMA needs sm_90";
+  struct Case {
+    std::vector<std::pair<int, int>> seqs;
+    int hq, hkv, hd, page;
+    bool cluster;
+  };
+  const std::vector<Case> cases = {
+      {{{1, 1}}, 16, 8, 128, 16, true},
+      {{{1, 838}}, 16, 8, 128, 16, true},
+      {{{1, 64 * 16 + 40}}, 16, 8, 128, 16, true},
+      {{{1, 5000}}, 16, 8, 128, 16, true},
+      {{{1, 5000}}, 16, 8, 128, 16, false},
+      {{{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, 16, true},
+      {{{1, 700}, {1, 45}}, 16, 8, 128, 64, true},
+      {{{1, 300}, {1, 1}}, 4, 2, 64, 16, true},
+  };
+  const int layer = 1;
+  for (const Case& c : cases) {
+    CudaBackendOptions o;
+    o.cluster_attention = c.cluster;
+    const std::unique_ptr<Backend> tma = cuda_backend_with(o);
+    o.decode_attention_tma = false;
+    const std::unique_ptr<Backend> copies = cuda_backend_with(o);
+    TextSetup t;
+    setup_text(t, c.seqs, c.hkv, c.hd, 2, DType::kBF16, c.page);
+    std::string desc = std::to_string(c.seqs.size()) + " seqs, context " + std::to_string(c.seqs[0].second) + ", " +
+                       std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " dh" + std::to_string(c.hd) + " page " +
+                       std::to_string(c.page) + (c.cluster ? "" : " L2 merge");
+    // NaN in every K and V row past each context, in its last page (this layer, all kv heads).
+    std::vector<uint8_t> bytes = t.device_cache;
+    const size_t row = t.cg.token_bytes_per_layer();
+    const int max_pages = static_cast<int>(t.table.size() / c.seqs.size());
+    for (size_t b = 0; b < c.seqs.size(); ++b)
+      for (int i = t.ctx[b]; i % c.page != 0; ++i)
+        for (int v = 0; v < 2; ++v) {
+          const size_t at = static_cast<size_t>(t.table[b * max_pages + i / c.page]) * t.cg.page_bytes() +
+                            layer * t.cg.layer_bytes() + (v * c.page + i % c.page) * row;
+          for (size_t e = 0; e < row / 2; ++e) {
+            bytes[at + 2 * e] = 0xC0;  // BF16 0x7FC0: NaN
+            bytes[at + 2 * e + 1] = 0x7F;
+          }
+        }
+    cuda()->copy_to_device(t.cache_mem.g, bytes.data());
+    cuda()->synchronize();
+    const int n = t.num_tokens;
+    const int64_t width = int64_t{c.hq + 2 * c.hkv} * c.hd;
+    Pair qkv = activation(t.s, {n, width}, random_values(n * width));
+    const TextAttentionShape shape{c.hq, c.hkv, c.hd};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    Tensor out_c = t.s.alloc(cpu(), DType::kF32, {n, int64_t{c.hq} * c.hd});
+    cpu().text_attention(out_c, qkv.c, t.bc, t.cc, layer, shape, scale);
+    std::vector<std::vector<uint16_t>> bits;
+    for (Backend* be : {tma.get(), copies.get()}) {
+      Tensor out = filled_output(t.s, {n, int64_t{c.hq} * c.hd}, 9.0f);
+      be->text_attention(out, qkv.g, t.bg, t.cg, layer, shape, scale);
+      bits.push_back(raw<uint16_t>(*be, out));
+      EXPECT_TRUE(compare("text_attention decode", desc + (be == tma.get() ? " tma" : " cp.async"), download(*be, out),
+                          download(cpu(), out_c), tol::kGpuAttention));
+    }
+    EXPECT_EQ(first_difference(bits[0], bits[1]), -1) << desc;
+    EXPECT_GT(cuda_fp8_gemm_counts(*tma).decode_tma, 0) << desc << ": TMA launches";
+    EXPECT_EQ(cuda_fp8_gemm_counts(*copies).decode_tma, 0) << desc << ": TMA launches with it off";
   }
 }
 

@@ -315,5 +315,15 @@ TEST(GpuModel, L2PrefetchingDecodeAttentionGivesTheSameBits) {
   expect_decode_option_keeps_the_bits("L2 prefetch", 17, on, off, &CudaFp8GemmCounts::decode_l2_prefetch);
 }
 
+// The decode attention's key rounds through TMA boxes (the default on sm_90+) against cp.async
+// from every thread: the same bits through the whole model, graphs and all.
+TEST(GpuModel, TmaDecodeAttentionGivesTheSameBits) {
+  QVL_REQUIRE_CUDA();
+  if (cuda_device_info(0).value().compute_capability < 90) GTEST_SKIP() << "TMA needs sm_90";
+  CudaBackendOptions off;
+  off.decode_attention_tma = false;
+  expect_decode_option_keeps_the_bits("TMA key rounds", 19, {}, off, &CudaFp8GemmCounts::decode_tma);
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

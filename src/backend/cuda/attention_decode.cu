@@ -41,9 +41,17 @@
 // which those kernels then read from L2: bulk prefetches spread over the threads, right after the
 // first key round is issued, so that the keys go first, and only where that round is the split's
 // only one (a later round's keys would wait behind the prefetch).
+//
+// On sm_90+ a BF16 cache with pages of a multiple of 16 tokens reaches the stages through TMA
+// (kTma, CudaBackendOptions::decode_attention_tma): one thread issues a box per 16 keys for K and
+// one for V (a tensor map over the layer's cache in the 128-byte swizzle) where every thread
+// issued 16-byte cp.async for its share: a round's 32 KB in 8 requests instead of 2048, which
+// took the blocks ~1.8 us to issue (bench/RESULTS.md run 35, item 9). The same arithmetic.
 #include "backend/cuda/attention_cache.cuh"
+#include "backend/cuda/attention_decode_keys.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace qvl::cuda {
 namespace {
@@ -52,14 +60,27 @@ using decode_prepare::pitch;
 using decode_prepare::PrepLane;
 using decode_prepare::PrepNorm;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRound = 16 * kWarps;  // keys per round
-constexpr int kMaxGroup = 8;         // query heads per kv head (the mma's N)
+using decode_keys::kRound;
+using decode_keys::kThreads;
+using decode_keys::kWarps;
+using decode_keys::load_kv_chunk;
+using decode_keys::load_round;
+using decode_keys::load_round_bf16;
+using decode_keys::RowAddr;
+using decode_keys::stage_bytes;
+using decode_keys::stage_row;
+using decode_keys::tma_round;
+using decode_keys::tma_stage_bytes;
+using decode_keys::tma_zero_tail;
+using decode_keys::zero_tail;
+constexpr int kMaxGroup = 8;  // query heads per kv head (the mma's N)
 constexpr int kStages = 2;
 constexpr int kMaxClusterSplits = 16;  // the largest decode cluster (configure_decode_attention)
 
 struct DecodeParams {
+  // kTma: the layer's cache as [pages][kv heads][HD / 64 halves][2 * page_size rows: K, then V]
+  // [64 values] (innermost last), boxes of 16 rows of one head (tma_round).
+  CUtensorMap kv_map;
   const bf16* qkv;
   bf16* out;
   float* partial;      // [num_seqs, hq, splits, hd + 2]
@@ -110,8 +131,8 @@ struct DecodeParams {
 };
 
 // This block's share of each region of p.l2_data, asked of L2 in bulk prefetches of at most
-// 64 KB, spread over the threads.
-__device__ __forceinline__ void prefetch_l2(const DecodeParams& p) {
+// 64 KB, spread over threads tid of nthreads.
+__device__ __forceinline__ void prefetch_l2(const DecodeParams& p, int tid, int nthreads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t blocks = gridDim.x * gridDim.y, b = blockIdx.x + blockIdx.y * gridDim.x;
   constexpr uint32_t kPiece = 65536;
@@ -120,7 +141,7 @@ __device__ __forceinline__ void prefetch_l2(const DecodeParams& p) {
     const uint32_t bytes = p.l2_bytes[r];
     const uint32_t share = ((bytes + blocks - 1) / blocks + 255u) & ~255u;  // covers the region
     const uint32_t end = min(bytes, (b + 1) * share);
-    for (uint32_t at = b * share + threadIdx.x * kPiece; at < end; at += kThreads * kPiece)
+    for (uint32_t at = b * share + tid * kPiece; at < end; at += nthreads * kPiece)
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.l2_data[r] + at), "r"(min(kPiece, end - at))
                    : "memory");
   }
@@ -164,90 +185,6 @@ __device__ __forceinline__ int split_len(int ctx, int splits) {
 // Splits that hold keys (split_len keys each; at least one, which reports an empty context).
 __device__ __forceinline__ int active_splits(int ctx, int len, int splits) {
   return max(1, min(splits, (ctx + len - 1) / len));
-}
-
-// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
-template <bool kFp8>
-__device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
-  if constexpr (kFp8) {
-    return fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(row + chunk * 8));
-  } else {
-    return *reinterpret_cast<const uint4*>(row + chunk * 16);
-  }
-}
-
-// Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
-// (row r < kRound: K of key k0 + r; row kRound + r: V), by threads tid of nthreads. BF16:
-// cp.async, 16 bytes per thread and step; FP8: 8-byte loads widened to BF16 and stored
-// (synchronously).
-template <int HD, bool kFp8>
-__device__ __forceinline__ void load_round(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                           int rows, int newest, int tid, int nthreads,
-                                           const int32_t* pages = nullptr) {
-  // pages (shared memory): the pages from key k0's page on, in place of the page table.
-  int pi0 = 0, off0 = 0;
-  if (pages) pi0 = page_index(p.cache, k0, off0);
-  constexpr int CPR = HD / 8;  // 8-element chunks per row
-  for (int c = tid; c < 2 * rows * CPR; c += nthreads) {
-    const int rr = c / CPR, chunk = c % CPR;
-    const bool v = rr >= rows;
-    const int r = v ? rr - rows : rr;
-    const int j = k0 + r;
-    if (j == newest) continue;  // read from the newest-key buffer instead
-    int off;
-    const int pi = page_index(p.cache, j, off);
-    const char* src = cache_row(p.cache, pages ? pages[pi - pi0] : pt[pi], off, kvh, HD, v);
-    char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
-    if constexpr (kFp8)
-      *reinterpret_cast<uint4*>(dst) = load_kv_chunk<true>(src, chunk);
-    else
-      cp_async16(dst, src + chunk * 16);
-  }
-}
-
-// The same for a BF16 cache, by threads [0, NT) (NT a multiple of HD / 8). Each thread keeps one
-// 16-byte column of the rows it copies, so the rows' page lookups are independent loads issued
-// together, and K and V of a row share one address. The generic loop above runs its lookups
-// one per copy, each before its cp.async (2 · kRound · HD / 8 / NT dependent loads in a row): on
-// the critical path of every key round inside the loop, and of the first round of a block that
-// becomes resident late.
-template <int HD, int NT>
-__device__ __forceinline__ void load_round_bf16(const DecodeParams& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                                int rows, int newest, const int32_t* pages = nullptr) {
-  constexpr int CPR = HD / 8;                        // 16-byte columns per row
-  constexpr int RPP = NT / CPR;                      // rows per pass of the NT threads
-  constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
-  static_assert(NT % CPR == 0, "whole rows per pass");
-  const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
-  int pi0 = 0, off0 = 0;
-  if (pages) pi0 = page_index(p.cache, k0, off0);
-  int32_t page[kPasses];
-  int off[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int pi = page_index(p.cache, k0 + min(r0 + i * RPP, rows - 1), off[i]);
-    page[i] = pages ? pages[pi - pi0] : pt[pi];
-  }
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int r = r0 + i * RPP;
-    if (r >= rows || k0 + r == newest) continue;  // rows >= kRound never come; the newest key has its own buffer
-    const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
-    char* dst = stage + r * pitch<HD>() + chunk * 16;
-    cp_async16(dst, src);
-    cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
-  }
-}
-
-// Zeroes V rows [valid, kRound) of a stage: keys past the split's end get P = 0, and 0 times
-// whatever the stage held before (possibly NaN bits) must stay 0. K rows past the end are
-// masked to -inf before use and need nothing.
-template <int HD>
-__device__ __forceinline__ void zero_tail(char* stage, int valid) {
-  constexpr int CPR = HD / 8;
-  for (int c = threadIdx.x; c < (kRound - valid) * CPR; c += kThreads)
-    *reinterpret_cast<uint4*>(stage + (kRound + valid + c / CPR) * pitch<HD>() + (c % CPR) * 16) =
-        make_uint4(0, 0, 0, 0);
 }
 
 // The cluster merge's inbox, past the kernel's other shared memory: what the blocks of the
@@ -335,17 +272,24 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
 // Each block arrives at a cluster barrier on entry and waits on it just before its first remote
 // store: every block of the cluster has then started and initialised its inbox's mbarrier.
-template <int HD, bool kFp8, bool kCluster>
+// kTma: the key rounds through TMA (BF16 cache; see the header and tma_round).
+template <int HD, bool kFp8, bool kCluster, bool kTma>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
+  static_assert(!(kFp8 && kTma), "TMA copies the cache's bytes: BF16 only");
+  static_assert(1023 + kStages * tma_stage_bytes<HD>() <= kStages * 2 * kRound * pitch<HD>(),
+                "TMA stages fit where the padded stages lie, from the first 1024-aligned byte");
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
+  constexpr int kStageBytes = stage_bytes<HD, kTma>();
   extern __shared__ __align__(16) char smem[];
-  char* kv = smem;                                             // [stage][2 * kRound rows][pitch]
+  // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte
+  char* kv = kTma ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
   char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
   __shared__ bool s_last;
-  __shared__ uint64_t s_inbox_bar;  // kCluster: counts the bytes the peers push into the inbox
+  __shared__ uint64_t s_inbox_bar;      // kCluster: counts the bytes the peers push into the inbox
+  __shared__ uint64_t s_keys[kStages];  // kTma: a stage's boxes landed (parity: its use count)
   // The warps' running max and sum per head once their keys are done, over each warp's own P
   // buffer (idle by then): shared memory stays within three blocks per multiprocessor with the
   // cluster merge's inbox.
@@ -369,6 +313,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     // on that barrier phase before its first push, so every peer's barrier is ready by then.
     if (threadIdx.x == 0) mbar_init_cluster(&s_inbox_bar);
     cluster_arrive_relaxed();
+  }
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(&s_keys[s], 1);
+      QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory"));
+    }
+    __syncthreads();
   }
   stamp(p, 0);
   stamp_unit(p, kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x));
@@ -432,7 +383,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // first keys: both chains are dependent loads, and a block that becomes resident late (as the
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
-  if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) {
+  if constexpr (kTma) {
+    // Thread 0 issues the round; the step table's pages were loaded by warp 0's first lanes.
+    if (warp == 0) {
+      __syncwarp();
+      if (r0 > 0 && p.debug_exit != 7 && lane == 0)
+        tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], p.step_mode == 2 ? s_desc + 1 : nullptr);
+      __syncwarp();
+      // The prefetch after the keys, by the warp that issued them (see below).
+      if (nrounds == 1) prefetch_l2(p, lane, 32);
+    }
+  } else if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) {
     const int32_t* pages = nullptr;
     if (p.step_mode == 2) {  // the pages are in shared memory once the issuers meet
       asm volatile("bar.sync 1, %0;" ::"r"(issuers) : "memory");
@@ -446,13 +407,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       load_round_bf16<HD, kThreads>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     }
   }
-  zero_tail<HD>(kv, max(0, r0));
+  if constexpr (!kTma) {
+    zero_tail<HD>(kv, max(0, r0));
+    if (nrounds == 1) prefetch_l2(p, threadIdx.x, kThreads);  // a later round's keys would queue behind it
+  }
   stamp(p, 1);
-  if (nrounds == 1) prefetch_l2(p);  // a later round's keys would queue behind the prefetch
+  // kTma: a block never exits with its boxes in flight.
+  auto keys_landed = [&] {
+    if constexpr (kTma) {
+      if (r0 > 0 && p.debug_exit != 7) mbar_wait(&s_keys[0], 0);
+    } else {
+      cp_async_wait<0>();
+    }
+  };
   if (p.debug_exit == 6) {
     grid_dep_wait();
     grid_dep_launch();
-    cp_async_wait<0>();
+    keys_landed();
     return;
   }
   const int row = p.query_start[seq];
@@ -492,7 +463,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (p.trigger == 0) grid_dep_launch();
   stamp(p, 2);
   if (p.debug_exit == 1 || p.debug_exit == 7) {
-    cp_async_wait<0>();
+    keys_landed();
     return;
   }
   if (p.fused) {
@@ -542,17 +513,31 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   for (int r = 0; r < nrounds; ++r) {
     const int k0 = k_begin + r * kRound;
+    char* const kst = kv + (r % kStages) * kStageBytes;
     if (r + 1 < nrounds) {
       const int k1 = k0 + kRound;
-      char* next = kv + ((r + 1) % kStages) * 2 * kRound * pitch<HD>();
-      if constexpr (kFp8)
-        load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
-      else
-        load_round_bf16<HD, kThreads>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
-      zero_tail<HD>(next, min(kRound, k_end - k1));
+      char* next = kv + ((r + 1) % kStages) * kStageBytes;
+      if constexpr (kTma) {
+        if (threadIdx.x == 0) {
+          // The block's reads and writes of this stage (two rounds ago) come before the boxes.
+          QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+          tma_round<HD>(p, next, pt, kvh, k1, min(kRound, k_end - k1), &s_keys[(r + 1) % kStages]);
+        }
+      } else {
+        if constexpr (kFp8)
+          load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
+        else
+          load_round_bf16<HD, kThreads>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
+        zero_tail<HD>(next, min(kRound, k_end - k1));
+      }
     }
-    cp_async_commit();
-    cp_async_wait<1>();
+    if constexpr (kTma) {
+      mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
+      if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
+    } else {
+      cp_async_commit();
+      cp_async_wait<1>();
+    }
     __syncthreads();
     if (r == 0) stamp(p, 4);
     if (r == 0) {
@@ -560,8 +545,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       for (int ks = 0; ks < KS; ++ks)
         ldmatrix_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
     }
-    const char* kst = kv + (r % kStages) * 2 * kRound * pitch<HD>();
-    const char* vst = kst + kRound * pitch<HD>();
     const int kw = warp * 16;  // this warp's keys within the round
     const int valid = min(16, k_end - k0 - kw);
     if (valid > 0) {
@@ -570,12 +553,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const int mi = lane >> 3;
       // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
       const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
-      const char* krow = k0 + kk == newest ? nbuf : kst + kk * pitch<HD>();
-      const char* vrow = k0 + kv_ == newest ? nbuf + pitch<HD>() : vst + kv_ * pitch<HD>();
+      const RowAddr krow = k0 + kk == newest ? RowAddr{nbuf, 128, 0} : stage_row<HD, kTma>(kst, kk, false);
+      const RowAddr vrow =
+          k0 + kv_ == newest ? RowAddr{nbuf + pitch<HD>(), 128, 0} : stage_row<HD, kTma>(kst, kv_, true);
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];
-        ldmatrix_x4(a, krow + ks * 32 + (mi >> 1) * 16);
+        ldmatrix_x4(a, krow.at(2 * ks + (mi >> 1)));
         mma_m16n8k16(s, a, qf[ks][0], qf[ks][1]);
       }
       // Online softmax per head over this warp's keys (log2 domain).
@@ -627,7 +611,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         o[m][3] *= alpha[1];
         uint32_t a[4];
         // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
-        ldmatrix_x4_trans(a, vrow + m * 32 + (mi & 1) * 16);
+        ldmatrix_x4_trans(a, vrow.at(2 * m + (mi & 1)));
         mma_m16n8k16(o[m], a, pb[0], pb[1]);
       }
       __syncwarp();  // pw is rewritten next round
@@ -775,19 +759,42 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
 }
 
-// The decode kernel for a head dim (64 or 128) and cache dtype.
+// The decode kernel for a head dim (64 or 128), cache dtype and key copies (tma: BF16 only).
 template <bool kCluster>
-auto decode_kernel_for(int hd, bool fp8) {
-  if (hd == 64) return fp8 ? decode_kernel<64, true, kCluster> : decode_kernel<64, false, kCluster>;
-  return fp8 ? decode_kernel<128, true, kCluster> : decode_kernel<128, false, kCluster>;
+auto decode_kernel_for(int hd, bool fp8, bool tma) {
+  if (hd == 64)
+    return fp8   ? decode_kernel<64, true, kCluster, false>
+           : tma ? decode_kernel<64, false, kCluster, true>
+                 : decode_kernel<64, false, kCluster, false>;
+  return fp8   ? decode_kernel<128, true, kCluster, false>
+         : tma ? decode_kernel<128, false, kCluster, true>
+               : decode_kernel<128, false, kCluster, false>;
 }
 
-template <int HD, bool kFp8>
+template <int HD, bool kFp8, bool kTma>
 void configure_one() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(decode_smem_bytes<HD>())));
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes)));
+}
+
+// The layer's cache as TMA boxes of 16 rows of one kv head (DecodeParams::kv_map), or false
+// where the cache does not allow them (FP8, pages not a multiple of 16 tokens, alignment) or the
+// driver cannot encode them: the cp.async rounds then take the keys.
+bool encode_kv_map(CUtensorMap* map, const KvCacheView& cache, const CacheGeometry& geo, int hd) {
+  if (cache.dtype != DType::kBF16 || cache.head_dim != hd || hd % 64 != 0 || cache.page_size % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(geo.base + geo.layer_offset) % 16 != 0 || geo.token_bytes % 16 != 0 ||
+      geo.page_bytes % 16 != 0 || cache.num_pages <= 0)
+    return false;
+  // Innermost first: 64 values, K rows then V rows of a page (V's row j is row page_size + j at
+  // the token stride), the head's halves, kv heads, pages.
+  const cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(2 * cache.page_size), static_cast<cuuint64_t>(hd / 64),
+                              static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(cache.num_pages)};
+  const cuuint64_t strides[4] = {static_cast<cuuint64_t>(geo.token_bytes), 128,
+                                 static_cast<cuuint64_t>(hd) * sizeof(bf16), static_cast<cuuint64_t>(geo.page_bytes)};
+  const cuuint32_t box[5] = {64, 16, static_cast<cuuint32_t>(hd / 64), 1, 1};
+  return wgmma::encode_sw128(map, 5, geo.base + geo.layer_offset, dims, strides, box, "decode attention");
 }
 
 }  // namespace
@@ -802,15 +809,17 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
 
 int configure_decode_attention(bool clusters) {
   static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
-  configure_one<64, false>();
-  configure_one<128, false>();
-  configure_one<64, true>();
-  configure_one<128, true>();
+  configure_one<64, false, false>();
+  configure_one<128, false, false>();
+  configure_one<64, true, false>();
+  configure_one<128, true, false>();
+  configure_one<64, false, true>();
+  configure_one<128, false, true>();
   if (!clusters) return 0;
   // Clusters of up to kMaxClusterSplits splits where the device can hold one (the shared memory
   // of the largest head dim decides), else the portable 8.
   int largest = 8;
-  if (cudaFuncSetAttribute(decode_kernel<128, false, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+  if (cudaFuncSetAttribute(decode_kernel<128, false, true, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
       cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(kMaxClusterSplits);
@@ -824,9 +833,11 @@ int configure_decode_attention(bool clusters) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true>, &cfg) == cudaSuccess && n > 0)
+    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true, false>, &cfg) == cudaSuccess && n > 0)
       largest = kMaxClusterSplits;
-    for (auto* k : {decode_kernel<64, false, true>, decode_kernel<64, true, true>, decode_kernel<128, true, true>})
+    for (auto* k : {decode_kernel<64, false, true, false>, decode_kernel<64, true, true, false>,
+                    decode_kernel<128, true, true, false>, decode_kernel<64, false, true, true>,
+                    decode_kernel<128, false, true, true>})
       if (largest == kMaxClusterSplits &&
           cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
         largest = 8;
@@ -916,16 +927,18 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   }
   const unsigned units = static_cast<unsigned>(batch.num_seqs * shape.num_kv_heads);
   const bool fp8 = cache.dtype == DType::kF8E4M3;
+  const bool tma = ctx.decode_tma && encode_kv_map(&p.kv_map, cache, p.cache, hd);
+  if (tma && ctx.decode_tma_launches) ++*ctx.decode_tma_launches;
   const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
   const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
                        inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
   if (cluster)
-    launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8),
+    launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8, tma),
                      dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox, p);
   else
-    launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8), dim3(units, static_cast<unsigned>(splits)),
-           dim3(kThreads), smem, p);
+    launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8, tma),
+           dim3(units, static_cast<unsigned>(splits)), dim3(kThreads), smem, p);
   return p.step_mode;
 }
 

@@ -153,6 +153,10 @@ struct CudaBackendOptions {
   // the last block to arrive merging them through L2. The same arithmetic: the same bits for
   // the same number of splits (the cluster caps it at 16, the L2 merge at 32).
   bool decode_cluster_merge = true;
+  // Decode attention (sm_90+): the key rounds of a BF16 cache whose pages hold a multiple of 16
+  // tokens come through TMA, a box of 16 keys per request issued by one thread, instead of
+  // 16-byte cp.async from every thread (attention_decode.cu). The same bits either way.
+  bool decode_attention_tma = true;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
@@ -356,6 +360,7 @@ struct CudaFp8GemmCounts {
   int64_t skinny_prologue = 0;
   int64_t skinny_early = 0;        // decode Linears that let the next kernel launch before their wait
   int64_t decode_l2_prefetch = 0;  // decode attentions launched with weights to ask L2 for
+  int64_t decode_tma = 0;          // decode attentions whose key rounds came through TMA
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

@@ -75,6 +75,7 @@ struct LaunchContext {
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
   int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  bool decode_tma = false;        // decode attention: key rounds through TMA where the cache allows (sm_90+)
   int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
@@ -82,14 +83,15 @@ struct LaunchContext {
   int ring_smem = 0;          // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;      // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   bool fp8_glu_ring = false;  // FP8 gate_up at one row may take the ring by default (sm_9x, measured)
-  int64_t* wide_launches = nullptr;      // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
-  int64_t* warps16_launches = nullptr;   // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
-  int64_t* pair_launches = nullptr;      // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
-  int64_t* glu_launches = nullptr;       // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
-  int64_t* prologue_launches = nullptr;  // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
-  int64_t* early_launches = nullptr;     // decode Linears launching the next kernel early (CudaFp8GemmCounts)
-  int early_launch = -1;                 // CudaBackendOptions::decode_early_launch
-  OpProfiler* profiler = nullptr;        // non-null while profiling
+  int64_t* wide_launches = nullptr;        // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
+  int64_t* warps16_launches = nullptr;     // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
+  int64_t* pair_launches = nullptr;        // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
+  int64_t* glu_launches = nullptr;         // decode Linears with the SwiGLU epilogue (CudaFp8GemmCounts::skinny_glu)
+  int64_t* prologue_launches = nullptr;    // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
+  int64_t* early_launches = nullptr;       // decode Linears launching the next kernel early (CudaFp8GemmCounts)
+  int64_t* decode_tma_launches = nullptr;  // decode attentions whose keys came through TMA (CudaFp8GemmCounts)
+  int early_launch = -1;                   // CudaBackendOptions::decode_early_launch
+  OpProfiler* profiler = nullptr;          // non-null while profiling
   SkinnyTuning skinny;
 };
 

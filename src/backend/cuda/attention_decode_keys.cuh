@@ -1,0 +1,189 @@
+// The decode attention's key rounds (attention_decode.cu, its only user): how a round of kRound
+// keys of one kv head gets from the paged cache into a shared-memory stage, by cp.async from
+// every thread (BF16), widened loads (FP8), or TMA boxes from one thread (kTma), and where a
+// key's row then lies in the stage. Params is attention_decode.cu's DecodeParams (cache, and
+// kv_map for TMA).
+#pragma once
+
+#include <cuda.h>
+
+#include "backend/cuda/attention_cache.cuh"
+#include "backend/cuda/attention_decode_prepare.cuh"
+
+namespace qvl::cuda::decode_keys {
+
+using decode_prepare::pitch;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRound = 16 * kWarps;  // keys per round
+
+// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
+template <bool kFp8>
+__device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
+  if constexpr (kFp8) {
+    return fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(row + chunk * 8));
+  } else {
+    return *reinterpret_cast<const uint4*>(row + chunk * 16);
+  }
+}
+
+// Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
+// (row r < kRound: K of key k0 + r; row kRound + r: V), by threads tid of nthreads. BF16:
+// cp.async, 16 bytes per thread and step; FP8: 8-byte loads widened to BF16 and stored
+// (synchronously).
+template <int HD, bool kFp8, class Params>
+__device__ __forceinline__ void load_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
+                                           int newest, int tid, int nthreads, const int32_t* pages = nullptr) {
+  // pages (shared memory): the pages from key k0's page on, in place of the page table.
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
+  constexpr int CPR = HD / 8;  // 8-element chunks per row
+  for (int c = tid; c < 2 * rows * CPR; c += nthreads) {
+    const int rr = c / CPR, chunk = c % CPR;
+    const bool v = rr >= rows;
+    const int r = v ? rr - rows : rr;
+    const int j = k0 + r;
+    if (j == newest) continue;  // read from the newest-key buffer instead
+    int off;
+    const int pi = page_index(p.cache, j, off);
+    const char* src = cache_row(p.cache, pages ? pages[pi - pi0] : pt[pi], off, kvh, HD, v);
+    char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
+    if constexpr (kFp8)
+      *reinterpret_cast<uint4*>(dst) = load_kv_chunk<true>(src, chunk);
+    else
+      cp_async16(dst, src + chunk * 16);
+  }
+}
+
+// The same for a BF16 cache, by threads [0, NT) (NT a multiple of HD / 8). Each thread keeps one
+// 16-byte column of the rows it copies, so the rows' page lookups are independent loads issued
+// together, and K and V of a row share one address. The generic loop above runs its lookups
+// one per copy, each before its cp.async (2 · kRound · HD / 8 / NT dependent loads in a row): on
+// the critical path of every key round inside the loop, and of the first round of a block that
+// becomes resident late.
+template <int HD, int NT, class Params>
+__device__ __forceinline__ void load_round_bf16(const Params& p, char* stage, const int32_t* pt, int kvh, int k0,
+                                                int rows, int newest, const int32_t* pages = nullptr) {
+  constexpr int CPR = HD / 8;                        // 16-byte columns per row
+  constexpr int RPP = NT / CPR;                      // rows per pass of the NT threads
+  constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
+  static_assert(NT % CPR == 0, "whole rows per pass");
+  const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
+  int32_t page[kPasses];
+  int off[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int pi = page_index(p.cache, k0 + min(r0 + i * RPP, rows - 1), off[i]);
+    page[i] = pages ? pages[pi - pi0] : pt[pi];
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int r = r0 + i * RPP;
+    if (r >= rows || k0 + r == newest) continue;  // rows >= kRound never come; the newest key has its own buffer
+    const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
+    char* dst = stage + r * pitch<HD>() + chunk * 16;
+    cp_async16(dst, src);
+    cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
+  }
+}
+
+// Zeroes V rows [valid, kRound) of a stage: keys past the split's end get P = 0, and 0 times
+// whatever the stage held before (possibly NaN bits) must stay 0. K rows past the end are
+// masked to -inf before use and need nothing.
+template <int HD>
+__device__ __forceinline__ void zero_tail(char* stage, int valid) {
+  constexpr int CPR = HD / 8;
+  for (int c = threadIdx.x; c < (kRound - valid) * CPR; c += kThreads)
+    *reinterpret_cast<uint4*>(stage + (kRound + valid + c / CPR) * pitch<HD>() + (c % CPR) * 16) =
+        make_uint4(0, 0, 0, 0);
+}
+
+// ---- the key rounds through TMA (kTma) ----
+// A 16-key group's K (or V) rows of one kv head land as one box: [HD / 64 halves][16 rows][64
+// values], each 128-byte line in the 128-byte swizzle (its 16-byte column c at c ^ (row mod 8)),
+// so that the 8 rows of an ldmatrix fall on distinct banks without the cp.async layout's padding.
+// A stage holds its round's 4 groups as (K box, V box) pairs, every box 1024-aligned (the
+// swizzle's atom): 32 KB at HD 128 where the padded rows take 34 KB.
+template <int HD>
+constexpr int box_bytes() {
+  return 16 * HD * 2;
+}
+template <int HD>
+constexpr int tma_stage_bytes() {
+  return (kRound / 16) * 2 * box_bytes<HD>();
+}
+template <int HD, bool kTma>
+constexpr int stage_bytes() {
+  return kTma ? tma_stage_bytes<HD>() : 2 * kRound * pitch<HD>();
+}
+
+__device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4,
+                                            uint64_t* bar) {
+  QVL_SM90(
+      asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                   "%3, %4, %5, %6}], [%7];" ::"r"(smem_u32(dst)),
+                   "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(bar))
+                   : "memory"));
+}
+
+// Issues the K and V boxes of the 16-key groups that hold keys [k0, k0 + rows), completing on
+// `bar` (one thread; k0 is a multiple of 16, and so is the page size, so a group lies in one
+// page). Rows past the end land too: their scores are masked and tma_zero_tail zeroes their V
+// rows. pages: as in load_round.
+template <int HD, class Params>
+__device__ __forceinline__ void tma_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
+                                          uint64_t* bar, const int32_t* pages = nullptr) {
+  constexpr int kGroups = kRound / 16;
+  const int groups = (rows + 15) / 16;
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
+  int32_t page[kGroups];
+  int off[kGroups];
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    const int pi = page_index(p.cache, k0 + 16 * min(q, groups - 1), off[q]);
+    page[q] = pages ? pages[pi - pi0] : pt[pi];
+  }
+  mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * box_bytes<HD>()));
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= groups) break;
+    char* dst = stage + q * 2 * box_bytes<HD>();
+    tma_load_5d(dst, &p.kv_map, 0, off[q], 0, kvh, page[q], bar);
+    tma_load_5d(dst + box_bytes<HD>(), &p.kv_map, 0, p.cache.page_size + off[q], 0, kvh, page[q], bar);
+  }
+}
+
+// zero_tail for a landed TMA stage: V rows [valid, kRound) to zero, the last group's rows past
+// the end (what the page held there) and the groups not loaded. Whole 128-byte lines, so the
+// swizzle does not matter.
+template <int HD>
+__device__ __forceinline__ void tma_zero_tail(char* stage, int valid) {
+  constexpr int kLines = HD / 64;  // per row
+  for (int c = threadIdx.x; c < (kRound - valid) * kLines * 8; c += kThreads) {
+    const int r = valid + c / (kLines * 8), h = (c / 8) % kLines;
+    char* line = stage + (r / 16) * 2 * box_bytes<HD>() + box_bytes<HD>() + (h * 16 + r % 16) * 128;
+    *reinterpret_cast<uint4*>(line + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Where 16-byte column c of a key's K or V row lies: at base + (c / 8) * half + ((c % 8) ^ x) * 16.
+// A TMA stage row kk: base = its line in its box, half = 16 lines, x = kk % 8; a padded row
+// (cp.async stages, the newest key's buffer): base = the row, half = 128 bytes, x = 0.
+struct RowAddr {
+  const char* base;
+  int half, x;
+  __device__ __forceinline__ const char* at(int c) const { return base + (c >> 3) * half + (((c & 7) ^ x) << 4); }
+};
+template <int HD, bool kTma>
+__device__ __forceinline__ RowAddr stage_row(const char* stage, int kk, bool v) {
+  if constexpr (kTma)
+    return {stage + (kk >> 4) * 2 * box_bytes<HD>() + (v ? box_bytes<HD>() : 0) + (kk & 15) * 128, 16 * 128, kk & 7};
+  else
+    return {stage + ((v ? kRound : 0) + kk) * pitch<HD>(), 128, 0};
+}
+
+}  // namespace qvl::cuda::decode_keys
