@@ -56,6 +56,20 @@ __device__ __forceinline__ void load_round(const Params& p, char* stage, const i
   }
 }
 
+// The page and in-page offset of key k0 + key(i) for each i < N, the loads issued together: from
+// the page table pt, or from `pages` (shared memory: the pages from key k0's page on).
+template <int N, class Params, class KeyOf>
+__device__ __forceinline__ void lookup_pages(const Params& p, const int32_t* pt, const int32_t* pages, int k0,
+                                             KeyOf key, int32_t (&page)[N], int (&off)[N]) {
+  int pi0 = 0, off0 = 0;
+  if (pages) pi0 = page_index(p.cache, k0, off0);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int pi = page_index(p.cache, k0 + key(i), off[i]);
+    page[i] = pages ? pages[pi - pi0] : pt[pi];
+  }
+}
+
 // The same for a BF16 cache, by threads [0, NT) (NT a multiple of HD / 8). Each thread keeps one
 // 16-byte column of the rows it copies, so the rows' page lookups are independent loads issued
 // together, and K and V of a row share one address. The generic loop above runs its lookups
@@ -70,15 +84,10 @@ __device__ __forceinline__ void load_round_bf16(const Params& p, char* stage, co
   constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
   static_assert(NT % CPR == 0, "whole rows per pass");
   const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
-  int pi0 = 0, off0 = 0;
-  if (pages) pi0 = page_index(p.cache, k0, off0);
   int32_t page[kPasses];
   int off[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int pi = page_index(p.cache, k0 + min(r0 + i * RPP, rows - 1), off[i]);
-    page[i] = pages ? pages[pi - pi0] : pt[pi];
-  }
+  lookup_pages(
+      p, pt, pages, k0, [&](int i) { return min(r0 + i * RPP, rows - 1); }, page, off);
 #pragma unroll
   for (int i = 0; i < kPasses; ++i) {
     const int r = r0 + i * RPP;
@@ -138,15 +147,10 @@ __device__ __forceinline__ void tma_round(const Params& p, char* stage, const in
                                           uint64_t* bar, const int32_t* pages = nullptr) {
   constexpr int kGroups = kRound / 16;
   const int groups = (rows + 15) / 16;
-  int pi0 = 0, off0 = 0;
-  if (pages) pi0 = page_index(p.cache, k0, off0);
   int32_t page[kGroups];
   int off[kGroups];
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    const int pi = page_index(p.cache, k0 + 16 * min(q, groups - 1), off[q]);
-    page[q] = pages ? pages[pi - pi0] : pt[pi];
-  }
+  lookup_pages(
+      p, pt, pages, k0, [&](int q) { return 16 * min(q, groups - 1); }, page, off);
   mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * box_bytes<HD>()));
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
