@@ -60,19 +60,7 @@ using decode_prepare::pitch;
 using decode_prepare::PrepLane;
 using decode_prepare::PrepNorm;
 
-using decode_keys::kRound;
-using decode_keys::kThreads;
-using decode_keys::kWarps;
-using decode_keys::load_kv_chunk;
-using decode_keys::load_round;
-using decode_keys::load_round_bf16;
-using decode_keys::RowAddr;
-using decode_keys::stage_bytes;
-using decode_keys::stage_row;
-using decode_keys::tma_round;
-using decode_keys::tma_stage_bytes;
-using decode_keys::tma_zero_tail;
-using decode_keys::zero_tail;
+using namespace decode_keys;  // the key rounds (attention_decode_keys.cuh)
 constexpr int kMaxGroup = 8;  // query heads per kv head (the mma's N)
 constexpr int kStages = 2;
 constexpr int kMaxClusterSplits = 16;  // the largest decode cluster (configure_decode_attention)
@@ -553,9 +541,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const int mi = lane >> 3;
       // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
       const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
-      const RowAddr krow = k0 + kk == newest ? RowAddr{nbuf, 128, 0} : stage_row<HD, kTma>(kst, kk, false);
+      const RowAddr krow = k0 + kk == newest ? RowAddr::padded(nbuf) : stage_row<HD, kTma>(kst, kk, false);
       const RowAddr vrow =
-          k0 + kv_ == newest ? RowAddr{nbuf + pitch<HD>(), 128, 0} : stage_row<HD, kTma>(kst, kv_, true);
+          k0 + kv_ == newest ? RowAddr::padded(nbuf + pitch<HD>()) : stage_row<HD, kTma>(kst, kv_, true);
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];

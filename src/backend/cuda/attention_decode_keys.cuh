@@ -181,13 +181,15 @@ struct RowAddr {
   const char* base;
   int half, x;
   __device__ __forceinline__ const char* at(int c) const { return base + (c >> 3) * half + (((c & 7) ^ x) << 4); }
+  // A row laid out plainly (column c at c * 16).
+  __device__ __forceinline__ static RowAddr padded(const char* row) { return {row, 128, 0}; }
 };
 template <int HD, bool kTma>
 __device__ __forceinline__ RowAddr stage_row(const char* stage, int kk, bool v) {
   if constexpr (kTma)
     return {stage + (kk >> 4) * 2 * box_bytes<HD>() + (v ? box_bytes<HD>() : 0) + (kk & 15) * 128, 16 * 128, kk & 7};
   else
-    return {stage + ((v ? kRound : 0) + kk) * pitch<HD>(), 128, 0};
+    return RowAddr::padded(stage + ((v ? kRound : 0) + kk) * pitch<HD>());
 }
 
 }  // namespace qvl::cuda::decode_keys
