@@ -327,5 +327,18 @@ TEST(GpuModel, TmaDecodeAttentionGivesTheSameBits) {
   expect_decode_option_keeps_the_bits("TMA key rounds", 19, {}, off, &CudaFp8GemmCounts::decode_tma, {"tiny-fp8"});
 }
 
+// The bulk-copy ring (forced on every decode Linear it takes) holding back all but one stage of
+// weights until its RMSNorm or SiLU·mul prologue is done (CudaBackendOptions::ring_prologue_first,
+// the default) against issuing every stage before the PDL wait: when the weights are asked for
+// changes, not what is computed.
+TEST(GpuModel, RingPrologueFirstGivesTheSameBits) {
+  QVL_REQUIRE_CUDA();
+  if (cuda_device_info(0).value().compute_capability < 90) GTEST_SKIP() << "the ring needs sm_90";
+  CudaBackendOptions on, off;
+  on.skinny.variant = off.skinny.variant = 3;
+  off.ring_prologue_first = false;
+  expect_decode_option_keeps_the_bits("ring prologue first", 23, on, off, &CudaFp8GemmCounts::ring_prologue_first);
+}
+
 }  // namespace
 }  // namespace qvl::test::gpu

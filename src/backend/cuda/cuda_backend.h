@@ -157,6 +157,11 @@ struct CudaBackendOptions {
   // tokens come through TMA, a box of 16 keys per request issued by one thread, instead of
   // 16-byte cp.async from every thread (attention_decode.cu). The same bits either way.
   bool decode_attention_tma = true;
+  // Decode Linears through the bulk-copy ring (sm_90+) with an RMSNorm or SiLU·mul prologue: one
+  // stage of weights per block goes out before the PDL wait and the others once the prologue is
+  // done, instead of all of them before the wait. The prologue's row is then not read behind the
+  // block's whole ring (skinny_ring.cu). The same bits either way.
+  bool ring_prologue_first = true;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
@@ -358,9 +363,10 @@ struct CudaFp8GemmCounts {
   int64_t skinny_pairs = 0;
   int64_t skinny_glu = 0;
   int64_t skinny_prologue = 0;
-  int64_t skinny_early = 0;        // decode Linears that let the next kernel launch before their wait
-  int64_t decode_l2_prefetch = 0;  // decode attentions launched with weights to ask L2 for
-  int64_t decode_tma = 0;          // decode attentions whose key rounds came through TMA
+  int64_t skinny_early = 0;         // decode Linears that let the next kernel launch before their wait
+  int64_t decode_l2_prefetch = 0;   // decode attentions launched with weights to ask L2 for
+  int64_t decode_tma = 0;           // decode attentions whose key rounds came through TMA
+  int64_t ring_prologue_first = 0;  // ring Linears that held stages back until their prologue was done
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
 // The decode attention's stage stamps of the latest launch per layer (empty unless

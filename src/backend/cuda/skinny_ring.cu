@@ -3,7 +3,11 @@
 // blockIdx.x, blockIdx.x + gridDim.x, ... and streams each tile's weights into a ring of
 // shared-memory stages with cp.async.bulk (completion counted on one mbarrier per stage), so that
 // the bytes in flight are bounded by shared memory rather than by registers and block turnover.
-// The first `depth` stages are issued before the PDL wait, while the previous kernel runs.
+// The first `depth` stages are issued before the PDL wait, while the previous kernel runs. With a
+// prologue (LaunchContext::ring_prologue_first), only the first one is: the prologue's row, read
+// after the wait, would otherwise queue behind every block's whole ring of weights (2B FP8 and 4B
+// FP8 gate_up: -3.9% / -3.0% per decode step at batch 1, bench/RESULTS.md run 39); the others
+// follow once the prologue is done.
 //
 // A stage is a whole 16-row tile or 16 rows x 8 * group chunks of 128 columns (RingLayout); warp
 // w takes chunks w, w + 8, ... of it, so every warp sees its chunks (c = w mod 8) in increasing
@@ -38,6 +42,7 @@ struct RingLayout {
   int stage_bytes;
   int ring_offset;  // from the start of dynamic shared memory (after the prologue's x)
   bool whole_tiles;
+  int early;  // stages issued before the PDL wait (the others once the prologue is done)
 };
 
 template <bool kFp8, int PRO>
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   }
   __syncwarp();
   if (warp == 0)
-    for (int q = 0; q < min(depth, total); ++q) issue(q);  // weights: safe before the wait
+    for (int q = 0; q < min(L.early, total); ++q) issue(q);  // weights: safe before the wait
   if constexpr (kFp8) {
     // Every block scale this block uses, once: a tile's rows 0-7 and 8-15 each lie in one
     // 128-row scale block (with the SwiGLU epilogue, gate rows and up rows: two blocks).
@@ -129,6 +134,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   grid_dep_wait();
   grid_dep_launch();
   run_prologue<PRO>(p, pro_smem, pw);
+  if (warp == 0)
+    for (int q = L.early; q < min(depth, total); ++q) issue(q);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int q = 0; q < total; ++q) {
@@ -246,6 +253,11 @@ void launch_ring_kernel(const LaunchContext& ctx, const SkinnyParams& p, SkinnyP
                       scale_bytes;
   QVL_CHECK_LE(smem, static_cast<size_t>(ctx.ring_smem))
       << "skinny ring: " << L.depth << " stages of " << L.stage_bytes << " bytes";
+  L.early = L.depth;
+  if (pro != SkinnyPrologue::kNone && ctx.ring_prologue_first && L.depth > 1) {
+    L.early = 1;
+    if (ctx.ring_prologue_first_launches != nullptr) ++*ctx.ring_prologue_first_launches;
+  }
   auto go = [&](const char* name, auto kernel) { launch(ctx, name, kernel, grid, block, smem, p, L); };
   if (pro == SkinnyPrologue::kRmsNorm)
     return go("skinny_ring+rms_norm", skinny_ring_kernel<kFp8, SkinnyPrologue::kRmsNorm>);
