@@ -5,9 +5,9 @@
 // the bytes in flight are bounded by shared memory rather than by registers and block turnover.
 // The first `depth` stages are issued before the PDL wait, while the previous kernel runs. With a
 // prologue (LaunchContext::ring_prologue_first), only the first one is: the prologue's row, read
-// after the wait, would otherwise queue behind every block's whole ring of weights (2B FP8 and 4B
-// FP8 gate_up: -3.9% / -3.0% per decode step at batch 1, bench/RESULTS.md run 39); the others
-// follow once the prologue is done.
+// after the wait, would otherwise queue behind every block's whole ring of weights; the others
+// follow once the prologue is done. qvl bench A/B on two H100s (bench/RESULTS.md run 39), decode
+// step at batch 1: 2B FP8 -3.7 / -1.0%, 4B FP8 -3.0 / -0.4%, 2B BF16 -0.2 / -1.8%.
 //
 // A stage is a whole 16-row tile or 16 rows x 8 * group chunks of 128 columns (RingLayout); warp
 // w takes chunks w, w + 8, ... of it, so every warp sees its chunks (c = w mod 8) in increasing
