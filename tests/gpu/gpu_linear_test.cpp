@@ -735,11 +735,12 @@ TEST(GpuOps, QuantizeFp8RowsMatchesTheHost) {
 // The oracle takes each op on the GPU's own input (gate_up after the CPU's rms_norm, as
 // LinearFusedPrologues does; SiLU·mul of the GPU's gate_up; down of the GPU's SiLU·mul), so that
 // each op is held to its own tolerance.
-// Kernels: the defaults, 16 warps, three FP8 blocks per multiprocessor, the ring (BF16 whole tiles
-// and row segments, BF16 and FP8) and cluster pairs (FP8: a separate SiLU·mul, the fallback). I = 2048 (256 tiles: more
-// than cluster pairs take by default on up to 170 multiprocessors, so the defaults keep the one-tile kernel); I = 1000,
-// whose up rows start inside a 128-row FP8 scale block (a tile's gate and up rows take different scale rows); I = 1004
-// (I % 8 != 0: no epilogue); 9 rows: past the epilogue's 8.
+// Kernels: the defaults, 16 warps, three FP8 blocks per multiprocessor, the ring (whole tiles and
+// row segments, BF16 and FP8) and cluster pairs (FP8: a separate SiLU·mul, the fallback). I = 2048
+// (256 tiles: more than cluster pairs take by default on up to 170 multiprocessors, so the
+// defaults keep the one-tile kernel); I = 1000, whose up rows start inside a 128-row FP8 scale
+// block (a tile's gate and up rows take different scale rows); I = 1004 (I % 8 != 0: no
+// epilogue); 9 rows: past the epilogue's 8.
 TEST(GpuOps, LinearSiluMulEpilogue) {
   QVL_REQUIRE_CUDA();
   struct Config {

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) mbar_init(&s_keys[s], 1);
-      QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory"));
+      mbar_init_fence();
     }
     __syncthreads();
   }

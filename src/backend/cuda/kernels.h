@@ -65,26 +65,25 @@ bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned 
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;             // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;        // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;    // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
-  int vision_mt = 2;            // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool vision_wgmma = false;    // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
-  bool prefill_wgmma = false;   // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
-  bool prefill_q_alias = true;  // text prefill attention: Q in a K stage, 3 blocks per SM
-  int prefill_key_tiles = 8;    // text prefill attention: key tiles per block before a cluster split
-  int decode_split_blocks = 0;  // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
-  int decode_cluster = 0;       // decode attention: splits merged in a cluster of up to this many (< 2: off)
-  bool decode_tma = false;      // decode attention: key rounds through TMA where the cache allows (sm_90+)
-  bool ring_prologue_first = false;                 // ring Linears with a prologue: one stage before the PDL wait
-  int64_t* ring_prologue_first_launches = nullptr;  // such launches (CudaFp8GemmCounts::ring_prologue_first)
-  int decode_attention_exit = 0;                    // measurement only: CudaBackendOptions::decode_attention_exit
-  unsigned long long* decode_trace = nullptr;       // measurement only: CudaBackendOptions::decode_attention_trace
-  const std::vector<SkipRule>* skip = nullptr;      // measurement only: launches left out (null: none)
+  bool pdl = false;               // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
+  int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
+  bool vision_wgmma = false;      // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
+  bool prefill_wgmma = false;     // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
+  bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
+  int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
+  int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
+  int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  bool decode_tma = false;        // decode attention: key rounds through TMA where the cache allows (sm_90+)
+  int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
+  unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
+  const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
   int ring_smem = 0;          // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;      // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   bool fp8_glu_ring = false;  // FP8 gate_up at one row may take the ring by default (sm_9x, measured)
+  bool ring_prologue_first = false;        // ring Linears with a prologue: one stage before the PDL wait
   int64_t* wide_launches = nullptr;        // counts the wide kernel's launches (CudaFp8GemmCounts::skinny_wide)
   int64_t* warps16_launches = nullptr;     // the one-tile kernel's 16-warp launches (CudaFp8GemmCounts)
   int64_t* pair_launches = nullptr;        // its launches as cluster pairs (CudaFp8GemmCounts::skinny_pairs)
@@ -92,8 +91,9 @@ struct LaunchContext {
   int64_t* prologue_launches = nullptr;    // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
   int64_t* early_launches = nullptr;       // decode Linears launching the next kernel early (CudaFp8GemmCounts)
   int64_t* decode_tma_launches = nullptr;  // decode attentions whose keys came through TMA (CudaFp8GemmCounts)
-  int early_launch = -1;                   // CudaBackendOptions::decode_early_launch
-  OpProfiler* profiler = nullptr;          // non-null while profiling
+  int64_t* ring_prologue_first_launches = nullptr;  // ring Linears holding stages back (CudaFp8GemmCounts)
+  int early_launch = -1;                            // CudaBackendOptions::decode_early_launch
+  OpProfiler* profiler = nullptr;                   // non-null while profiling
   SkinnyTuning skinny;
 };
 

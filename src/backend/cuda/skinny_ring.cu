@@ -20,11 +20,6 @@
 namespace qvl::cuda::skinny {
 namespace {
 
-// The barriers' initialisation, visible to the bulk copies (the async proxy).
-__device__ __forceinline__ void ring_init_fence() {
-  QVL_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory"));
-}
-
 constexpr int kRingBudget = 104 * 1024;
 
 // Where a block's stages lie: `seg_bytes` of each of the 16 rows per stage, at `row_stride` in
@@ -115,7 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       mbar_init(&full[d], 1);
       done[d] = 0;
     }
-    ring_init_fence();
+    mbar_init_fence();
   }
   __syncwarp();
   if (warp == 0)
