@@ -239,8 +239,11 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   if (t.variant == 4) return t;
   const int64_t tiles = ceil_div(p.N, kRows);
   // The bulk-copy ring of whole 16-row tiles, at least four per multiprocessor, for:
-  // - BF16 up to 8 rows, tiles of at most 64 KB (2B gate_up and lm_head). qvl bench A/B on an
-  //   H100: 2B decode -2.4% at batch 1, -5.8% at 8 (bench/RESULTS.md). Elsewhere it measured
+  // - BF16 up to 4 rows, tiles of at most 64 KB (2B gate_up and lm_head). qvl bench A/B on an
+  //   H100: 2B decode -2.4% at batch 1, -5.8% at 8 (bench/RESULTS.md). Since the one-tile
+  //   kernel's loads fill whole L2 lines (load16_stream), it is faster for 2B's gate_up at 6 and
+  //   8 rows (step -2.2 / -2.4%, H200, RESULTS run 40) and lm_head no slower; the ring still
+  //   wins at 1-4 rows (-6.4% at one row, -4.0% at four). Elsewhere it measured
   //   slower or no faster: smaller grids (qkv, o_proj: o_proj's ring, one block per
   //   multiprocessor, no longer shares them with the attention before it, +5%), longer tiles (4B,
   //   8B), and FP8 Linears without the SwiGLU epilogue, whose dequantising consumers, 8 warps per
@@ -254,7 +257,7 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   //   multiprocessor may hold one such block, as 8B's did.
   // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB of
   // shared memory per block, where the ring would fall back to row segments).
-  const bool bf16_ring = !fp8 && p.n <= 8;
+  const bool bf16_ring = !fp8 && p.n <= 4;
   const bool fp8_glu_ring = fp8 && glu && p.n == 1 && ctx.fp8_glu_ring && p.scale_row_shift == kChunkShift &&
                             int64_t{kRows} * p.K <= kFp8GluRingTileMax;
   if (t.variant == 0 && (bf16_ring || fp8_glu_ring) && ctx.ring_smem > 0 && tiles >= 4LL * ctx.num_sms &&
