@@ -191,6 +191,8 @@ size_t ring_prologue_bytes(SkinnyParams p, SkinnyPrologue::Kind pro, int stage) 
   return prologue_bytes(p);
 }
 
+// The largest BF16 tile the ring streams whole at one or two rows (choose_skinny).
+constexpr int kBf16RingWideTileMax = 80 * 1024;
 // The largest FP8 tile (16 rows x K bytes) that gate_up at one row streams through the ring
 // (choose_skinny): 4B's K = 2560 measured faster, 8B's 4096 slower.
 constexpr int64_t kFp8GluRingTileMax = 40 * 1024;
@@ -243,7 +245,9 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   //   H100: 2B decode -2.4% at batch 1, -5.8% at 8 (bench/RESULTS.md). Since the one-tile
   //   kernel's loads fill whole L2 lines (load16_stream), it is faster for 2B's gate_up at 6 and
   //   8 rows (step -2.2 / -2.4%, H200, RESULTS run 40) and lm_head no slower; the ring still
-  //   wins at 1-4 rows (-6.4% at one row, -4.0% at four). Elsewhere it measured
+  //   wins at 1-4 rows (-6.4% at one row, -4.0% at four). At one or two rows also tiles of up
+  //   to 80 KB, streamed whole (RingTuning::mode 1; 4B gate_up and lm_head): 4B BF16 step -1.1 /
+  //   -5.0% at 1 / 2 rows, +5.4% at four (H200, RESULTS run 40). Elsewhere it measured
   //   slower or no faster: smaller grids (qkv, o_proj: o_proj's ring, one block per
   //   multiprocessor, no longer shares them with the attention before it, +5%), longer tiles (4B,
   //   8B), and FP8 Linears without the SwiGLU epilogue, whose dequantising consumers, 8 warps per
@@ -258,11 +262,14 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   // Only where its layout would be whole tiles (the measured one: not on devices with ~100 KB of
   // shared memory per block, where the ring would fall back to row segments).
   const bool bf16_ring = !fp8 && p.n <= 4;
+  const int whole_tile_max = !fp8 && p.n <= 2 ? kBf16RingWideTileMax : kRingWholeTileMax;
   const bool fp8_glu_ring = fp8 && glu && p.n == 1 && ctx.fp8_glu_ring && p.scale_row_shift == kChunkShift &&
                             int64_t{kRows} * p.K <= kFp8GluRingTileMax;
   if (t.variant == 0 && (bf16_ring || fp8_glu_ring) && ctx.ring_smem > 0 && tiles >= 4LL * ctx.num_sms &&
-      ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage))) {
+      ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage), whole_tile_max)) {
     t.variant = 3;
+    // Mode 1: whole tiles past the default layout's kRingWholeTileMax.
+    if (int64_t{kRows} * p.K * (fp8 ? 1 : 2) > kRingWholeTileMax) t.split = 1;
     if (fp8_glu_ring) {
       t.depth = 2;
       t.split = 1;

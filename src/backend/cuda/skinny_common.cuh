@@ -475,9 +475,13 @@ struct RingTuning {
   int mode = 0;  // 1: whole 16-row tiles per stage (one copy), 2: row segments (16 copies), 0: whole tiles up to 64 KB
 };
 void configure_ring(int bytes);
-// Whether the ring's default layout (RingTuning{}) streams whole tiles: tiles of at most 64 KB,
-// two of which fit in ctx.ring_smem beside `pro_bytes` of prologue and the block scales.
-bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes);
+// Tiles of at most this many bytes stream through the ring as whole tiles by default (one copy
+// each).
+constexpr int kRingWholeTileMax = 64 * 1024;
+// Whether the ring can stream whole tiles of at most `max_tile` bytes (the default layout,
+// RingTuning{}, takes them up to 64 KB; larger ones need RingTuning::mode 1): two of them must fit
+// in ctx.ring_smem beside `pro_bytes` of prologue and the block scales.
+bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int max_tile);
 template <bool kFp8>
 void launch_ring(const LaunchContext& ctx, const SkinnyParams& p, SkinnyPrologue::Kind pro, const RingTuning& rt);
 

@@ -187,9 +187,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   }
 }
 
-// Tiles of at most this many bytes stream as whole tiles by default (one copy each).
-constexpr int kWholeTileMax = 64 * 1024;
-
 // What a ring launch holds besides its stages: the grid, the prologue's x (the ring starts at
 // the next 128 bytes) and every block scale of a block's tiles (FP8).
 struct RingFixed {
@@ -224,9 +221,9 @@ void launch_ring_kernel(const LaunchContext& ctx, const SkinnyParams& p, SkinnyP
   const int scale_bytes = f.scale_bytes;
   RingLayout L{};
   L.ring_offset = f.ring_offset;
-  // Whole tiles where asked for (or, by default, up to kWholeTileMax) and two of them fit.
-  L.whole_tiles =
-      two_whole_tiles_fit(ctx, p, kFp8, f) && (rt.mode == 1 || (rt.mode == 0 && kRows * row_bytes <= kWholeTileMax));
+  // Whole tiles where asked for (or, by default, up to kRingWholeTileMax) and two of them fit.
+  L.whole_tiles = two_whole_tiles_fit(ctx, p, kFp8, f) &&
+                  (rt.mode == 1 || (rt.mode == 0 && kRows * row_bytes <= kRingWholeTileMax));
   if (L.whole_tiles) {
     L.seg_bytes = L.row_stride = row_bytes;
   } else {
@@ -271,9 +268,9 @@ void allow_ring_smem(int bytes) {
 
 }  // namespace
 
-bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes) {
+bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int max_tile) {
   const RingFixed f = ring_fixed(ctx, p, fp8, pro_bytes, RingTuning{}.blocks);
-  return static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2) <= kWholeTileMax && two_whole_tiles_fit(ctx, p, fp8, f);
+  return static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2) <= max_tile && two_whole_tiles_fit(ctx, p, fp8, f);
 }
 
 void configure_ring(int bytes) {
