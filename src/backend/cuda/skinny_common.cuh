@@ -44,8 +44,9 @@ __device__ __forceinline__ uint4 load16(const void* p) {
 }
 // Weights are read once: keep them out of L1. A warp's load covers half of each of 8 weight rows'
 // 128-byte lines (lanes 4g..4g+3: 64 bytes of row g), and the next load of the lane the other
-// half. The L2::128B prefetch size has the first miss fill the whole line from DRAM: b1 -0.2 to
-// -2.8%, b8 -0.7 to -2.9% on an H200 (RESULTS run 40). L2::256B lost 0.9% on 2B.
+// half. The L2::128B prefetch size has the first miss fill the whole line from DRAM: decode step
+// on an H200 at one row -0.4% (2B) to -6.5% (8B BF16), at 8 rows -1.0 to -4.9% (RESULTS run 40).
+// L2::256B (the next line too) lost 0.9% on 2B BF16.
 __device__ __forceinline__ uint4 load16_stream(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
