@@ -245,7 +245,7 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   //   H100: 2B decode -2.4% at batch 1, -5.8% at 8 (bench/RESULTS.md). Since the one-tile
   //   kernel's loads fill whole L2 lines (load16_stream), it is faster for 2B's gate_up at 6 and
   //   8 rows (step -2.2 / -2.4%, H200, RESULTS run 40) and lm_head no slower; the ring still
-  //   wins at 1-4 rows (-6.4% at one row, -4.0% at four). At one or two rows also tiles of up
+  //   wins at 1-4 rows (-6.5% at one row, -4.0% at four). At one or two rows also tiles of up
   //   to 80 KB, streamed whole (RingTuning::mode 1; 4B gate_up and lm_head): 4B BF16 step -1.1 /
   //   -5.0% at 1 / 2 rows, +5.4% at four (H200, RESULTS run 40). Elsewhere it measured
   //   slower or no faster: smaller grids (qkv, o_proj: o_proj's ring, one block per
