@@ -268,11 +268,9 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   if (t.variant == 0 && (bf16_ring || fp8_glu_ring) && ctx.ring_smem > 0 && tiles >= 4LL * ctx.num_sms &&
       ring_whole_tiles(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage), whole_tile_max)) {
     t.variant = 3;
-    // Mode 1: whole tiles past the default layout's kRingWholeTileMax.
-    if (int64_t{kRows} * p.K * (fp8 ? 1 : 2) > kRingWholeTileMax) t.split = 1;
+    t.split = 1;  // whole tiles (mode 1), which ring_whole_tiles found to fit, past 64 KB too
     if (fp8_glu_ring) {
       t.depth = 2;
-      t.split = 1;
       t.blocks = 2;
     }
   }
