@@ -101,7 +101,7 @@ TEST(GpuOps, LinearFusedPrologues) {
 // fused_prologue_max_copies_per_sm copies of it per multiprocessor (tiles x rows). 4B's gate_up
 // shape (K 2560, N 2 x 9728 = 19456 rows: 1216 tiles) at one, two and four rows, with the default
 // limit and with 8: the counter says whether the norm was fused (1216 x rows <= limit x
-// multiprocessors: on an H100's 132 with the default 24, at one and two rows), and either way the
+// multiprocessors: on an H100's or H200's 132 with the default 20, at one and two rows), and either way the
 // Linear and the norm it writes match the oracle.
 TEST(GpuOps, LinearFusedPrologueCopyLimit) {
   QVL_REQUIRE_CUDA();

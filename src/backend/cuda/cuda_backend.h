@@ -232,17 +232,23 @@ struct CudaBackendOptions {
   int fused_silu_mul_max_rows = 1;
   // Every block of a Linear with a prologue (one per 16-row output tile) computes the prologue of
   // every row again: it is fused only where tiles x rows is at most this many per multiprocessor.
-  // 24 takes in 4B's and 8B's gate_up (1216 and 1536 tiles on an H100's 132 multiprocessors) at
-  // one and two rows; a limit of 8 tiles per multiprocessor at any row count (the rule before)
-  // left them a separate one-block RMSNorm kernel: gate_up's blocks launched on its trigger and
-  // issued ~13 MB of weights, and the norm's read of its row queued behind them (10.75 us from
-  // o_proj's end to gate_up's wait in 4B FP8, RESULTS run 35). Decode step, H100, against that
-  // rule in one call (run 36): batch 1 4B FP8 -6.3%, 4B BF16 -5.3%, 8B FP8 -3.1%; batch 2 4B FP8
-  // -5.0%, 4B BF16 +0.4%; fusing at 4 rows too lost 3.5% (FP8) and 4.3% (BF16), which the
-  // product keeps out (4 x 1216 > 24 x 132). The Linears fused before are within it (2B's gate_up,
-  // 768 tiles, at 4 rows: 3072 <= 3168); lm_head (9496 tiles) stays out: fusing it measured no
-  // change on an H100 (run 36) and 172 against 140 us on an H200 (earlier).
-  int fused_prologue_max_copies_per_sm = 24;
+  // 20 takes in 4B's gate_up (1216 tiles on an H100's or H200's 132 multiprocessors) at one and
+  // two rows and 8B's (1536) at one. A limit of 8 tiles per multiprocessor at any row count (the
+  // rule before run 36) left them a separate one-block RMSNorm kernel: gate_up's blocks launched
+  // on its trigger and issued ~13 MB of weights, and the norm's read of its row queued behind them
+  // (10.75 us from o_proj's end to gate_up's wait in 4B FP8, RESULTS run 35). Decode step, H100,
+  // against that rule in one call (run 36): batch 1 4B FP8 -6.3%, 4B BF16 -5.3%, 8B FP8 -3.1%;
+  // batch 2 4B FP8 -5.0%, 4B BF16 +0.4%; fusing at 4 rows too lost 3.5% (FP8) and 4.3% (BF16).
+  // lm_head (9496 tiles) stays out: fusing it measured no change on an H100 (run 36) and 172
+  // against 140 us on an H200 (earlier).
+  // 20, not run 36's 24, since run 41 (H200, medians of three): the copies of 2B's gate_up at four
+  // rows (768 tiles) and 8B's at two, 23.3 per multiprocessor each, cost more than the norm's own
+  // kernel: out, 2B FP8 b4 -6.3 / -6.6% (two calls), 2B BF16 b4 -0.9 / -1.0%, 8B FP8 b2 -6.5%, 8B
+  // BF16 b2 -1.0%. 4B's gate_up at two rows (18.4) measured +1.1% out (4B FP8) and stays in.
+  // Copies alone do not draw the whole line: 2B FP8's gate_up at three rows (17.5, kept in)
+  // measured -4.7% out, and 2B's qkv at three and four rows (5.8, 7.8) -1.1 to -2.9% out, where
+  // 4B FP8's and 8B's qkv measured +1.6 to +5.1% out. Not re-measured on an H100.
+  int fused_prologue_max_copies_per_sm = 20;
   // The most rows (0..kSkinnyGluMaxRows) whose SiLU·mul the gate_up Linear before it computes in
   // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:
   // no launch and no prologue for it, and the same bits. Decode step on an H100 against 0
