@@ -172,29 +172,14 @@ __device__ __forceinline__ void run_prologue(const SkinnyParams& p, PrologueSmem
     const int64_t v0 = per * blockIdx.x, v1 = v0 + per;
     if constexpr (PRO == SkinnyPrologue::kRmsNorm) {
       float ss[kFusedPrologueMaxRows];
-      // Past one row, every row's vectors are copied at once (cp.async: no registers), so the rows
-      // take one L2 round trip, not one each. A thread reads back only the vectors it copied.
-      const bool staged = p.n > 1;
-      if (staged) {
-        for (int tok = 0; tok < p.n; ++tok) {
-          const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
-          for (int v = threadIdx.x; v < kv; v += W * 32) cp_async16(&prologue_x[tok * kv + v], row + v);
-        }
-        cp_async_wait_all();
-      }
 #pragma unroll
       for (int tok = 0; tok < kFusedPrologueMaxRows; ++tok) {
         ss[tok] = 0.0f;
         if (tok < p.n) {
           const uint4* row = reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(tok) * p.K);
           for (int v = threadIdx.x; v < kv; v += W * 32) {
-            uint4 raw;
-            if (staged) {
-              raw = prologue_x[tok * kv + v];
-            } else {
-              raw = load16(row + v);
-              prologue_x[tok * kv + v] = raw;
-            }
+            const uint4 raw = load16(row + v);
+            prologue_x[tok * kv + v] = raw;
             float f[8];
             unpack8(raw, f);
 #pragma unroll
