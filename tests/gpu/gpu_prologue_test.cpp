@@ -2,6 +2,7 @@
 // it (CudaBackendOptions::fused_rms_norm_max_rows, fused_silu_mul_max_rows and
 // fused_prologue_max_copies_per_sm), the Linear's output and the intermediate it also writes, and
 // which Linears took the prologue (CudaFp8GemmCounts::skinny_prologue).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -98,15 +99,17 @@ TEST(GpuOps, LinearFusedPrologues) {
 }
 
 // An RMSNorm is fused only into a Linear whose blocks (one per 16-row tile) compute at most
-// fused_prologue_max_copies_per_sm copies of it per multiprocessor (tiles x rows). 4B's gate_up
-// shape (K 2560, N 2 x 9728 = 19456 rows: 1216 tiles) at one, two and four rows, with the default
-// limit and with 8: the counter says whether the norm was fused (1216 x rows <= limit x
-// multiprocessors: on an H100's or H200's 132 with the default 20, at one and two rows), and either way the
-// Linear and the norm it writes match the oracle.
+// fused_prologue_max_copies_per_sm copies of it per multiprocessor (tiles x rows), and past two
+// rows at most 12. With the default limit (20) and with 8, the counter says whether the norm was
+// fused, and either way the Linear and the norm it writes match the oracle:
+// - 4B's gate_up (K 2560, N 2 x 9728 = 19456: 1216 tiles) at one, two and four rows: fused at one
+//   and two rows on an H100's or H200's 132 multiprocessors with the default;
+// - 2B's gate_up (K 2048, N 12288: 768 tiles) at two and three rows: 2304 copies at three rows fit
+//   20 x 132 but not 12 x 132, so it is not fused;
+// - 2B's qkv (K 2048, N 4096: 256 tiles) at three rows: 768 copies, fused under both limits.
 TEST(GpuOps, LinearFusedPrologueCopyLimit) {
   QVL_REQUIRE_CUDA();
   const int64_t sms = cuda_device_info(0).value().multiprocessors;
-  const int64_t K = 2560, N = 19456, tiles = N / 16;  // 1216 (N is a multiple of 16)
   std::vector<int> limits = {CudaBackendOptions{}.fused_prologue_max_copies_per_sm, 8};
   std::vector<std::unique_ptr<Backend>> gpus;
   for (int limit : limits) {
@@ -116,17 +119,26 @@ TEST(GpuOps, LinearFusedPrologueCopyLimit) {
     ASSERT_TRUE(be.is_ok()) << be.status().to_string();
     gpus.push_back(std::move(be).value());
   }
-  for (bool fp8 : {false, true}) {
-    HostPart part = make_part(N, K, fp8, 1.0f / std::sqrt(static_cast<float>(K)));
-    const LinearPart lp = part_view(part, K, fp8);
-    const LinearWeight wc = cpu().load_linear({&lp, 1}, Tensor(), 128).value();
-    for (size_t g = 0; g < gpus.size(); ++g) {
-      Backend* gpu = gpus[g].get();
-      const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
-      for (int64_t n : {1, 2, 4}) {
-        const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + ", " +
-                                  std::to_string(limits[g]) + " copies/SM, " + std::to_string(sms) + " SMs,";
-        check_rms_norm_linear(gpu, wc, wg, n, K, N, false, tiles * n <= limits[g] * sms, shape);
+  struct Shape {
+    int64_t K, N;
+    std::vector<int64_t> rows;
+  };
+  const Shape shapes[] = {{2560, 19456, {1, 2, 4}}, {2048, 12288, {2, 3}}, {2048, 4096, {3}}};
+  for (const Shape& sh : shapes) {
+    const int64_t K = sh.K, N = sh.N, tiles = N / 16;  // N is a multiple of 16
+    for (bool fp8 : {false, true}) {
+      HostPart part = make_part(N, K, fp8, 1.0f / std::sqrt(static_cast<float>(K)));
+      const LinearPart lp = part_view(part, K, fp8);
+      const LinearWeight wc = cpu().load_linear({&lp, 1}, Tensor(), 128).value();
+      for (size_t g = 0; g < gpus.size(); ++g) {
+        Backend* gpu = gpus[g].get();
+        const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
+        for (int64_t n : sh.rows) {
+          const int64_t limit = n > 2 ? std::min(limits[g], 12) : limits[g];
+          const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + ", " +
+                                    std::to_string(limits[g]) + " copies/SM, " + std::to_string(sms) + " SMs,";
+          check_rms_norm_linear(gpu, wc, wg, n, K, N, false, tiles * n <= limit * sms, shape);
+        }
       }
     }
   }

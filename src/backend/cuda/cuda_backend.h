@@ -245,9 +245,10 @@ struct CudaBackendOptions {
   // rows (768 tiles) and 8B's at two, 23.3 per multiprocessor each, cost more than the norm's own
   // kernel: out, 2B FP8 b4 -6.3 to -7.2% (three calls), 2B BF16 b4 -0.9 to -1.0%, 8B FP8 b2 -6.3 /
   // -6.5%, 8B BF16 b2 -1.0 / -1.1%. 4B's gate_up at two rows (18.4) measured +1.1% out (4B FP8)
-  // and stays in. Copies alone do not draw the whole line: 2B FP8's gate_up at three rows (17.5,
-  // kept in) measured -4.7% out, and 2B's qkv at three and four rows (5.8, 7.8) -1.1 to -2.9%
-  // out, where 4B FP8's and 8B's qkv measured +1.6 to +5.1% out. Not re-measured on an H100.
+  // and stays in. Copies alone do not draw the whole line: 2B FP8's gate_up at three rows (17.5)
+  // measured -4.7% out, which kFusedPrologueMaxCopiesPastTwoRows (12) takes, and 2B's qkv at
+  // three and four rows (5.8, 7.8) -1.1 to -2.9% out, where 4B FP8's and 8B's qkv measured +1.6 to
+  // +5.1% out. Not re-measured on an H100.
   int fused_prologue_max_copies_per_sm = 20;
   // The most rows (0..kSkinnyGluMaxRows) whose SiLU·mul the gate_up Linear before it computes in
   // its epilogue (each tile pairs 8 gate rows with their 8 up rows), ahead of the prologue above:

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -183,9 +184,15 @@ inline bool over_one_and_a_half_blocks_per_sm(int64_t blocks, int num_sms) {
   return 2 * blocks > 3 * static_cast<int64_t>(num_sms);
 }
 // Every block of the Linear computes the prologue of every row again, so it pays up to
-// copies_per_sm of those per multiprocessor (CudaBackendOptions::fused_prologue_max_copies_per_sm).
+// copies_per_sm of those per multiprocessor (CudaBackendOptions::fused_prologue_max_copies_per_sm),
+// and past two rows up to kFusedPrologueMaxCopiesPastTwoRows. Decode step, H200 (bench/RESULTS.md
+// run 41): 2B's gate_up at three rows (768 tiles, 17.5 copies) measured -4.7% (FP8) and -0.4% (BF16)
+// as its own kernel, while the qkv Linears at three and four rows (5.8-11.6 copies) keep it: 4B
+// FP8 +4 to +5% out, 8B FP8 +1.6% at three rows.
+inline constexpr int kFusedPrologueMaxCopiesPastTwoRows = 12;
 inline bool fused_prologue_pays(int64_t out_features, int64_t rows, int num_sms, int copies_per_sm) {
-  return skinny_tiles(out_features) * rows <= static_cast<int64_t>(copies_per_sm) * num_sms;
+  const int64_t limit = rows > 2 ? std::min(copies_per_sm, kFusedPrologueMaxCopiesPastTwoRows) : copies_per_sm;
+  return skinny_tiles(out_features) * rows <= limit * num_sms;
 }
 // With glu_out (the SwiGLU epilogue; at most kSkinnyMaxRows rows, no bias, activation or
 // residual): w = [gate; up] of 2 I rows (I % 8 == 0), out [n, 2 I] as without it, and glu_out
