@@ -655,7 +655,7 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
       ->check(CLI::Range(0, 8));
   app.add_option("--fused-prologue-max-copies-per-sm", o->fused_prologue_copies,
                  "CUDA A/B: a prologue is fused only into Linears whose blocks compute at most this many copies "
-                 "of it per multiprocessor (16-row tiles x rows; 20)")
+                 "of it per multiprocessor (16-row tiles x rows; 20, and never more than 12 past two rows)")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--fused-silu-mul-max-rows", o->fused_silu_rows,
                  "CUDA A/B: SiLU·mul runs inside the Linear that reads it up to this many rows, as its own kernel "
