@@ -16,6 +16,14 @@
 namespace qvl::test::gpu {
 namespace {
 
+// Whether a Linear of `out` outputs takes a prologue of `rows` rows under the copy limits: its
+// 16-row tiles x rows at most `limit` (fused_prologue_max_copies_per_sm) per multiprocessor, and
+// past two rows at most 12.
+bool within_copy_limits(int64_t out, int64_t rows, int limit, int64_t sms) {
+  const int64_t copies = rows > 2 ? std::min(limit, 12) : limit;
+  return (out + 15) / 16 * rows <= copies * sms;
+}
+
 // rms_norm -> linear (with a separate residual where `residual`) on `gpu` against the CPU oracle:
 // the Linear's output and the norm it also writes, and whether the Linear took the norm as its
 // prologue (CudaFp8GemmCounts::skinny_prologue).
@@ -76,13 +84,11 @@ TEST(GpuOps, LinearFusedPrologues) {
             std::string(gpu == cuda() ? "" : "all fused, ") + (fp8 ? "fp8 " : "bf16 ") + "n" + std::to_string(n);
 
         // rms_norm -> linear (+ separate residual), fused up to CudaBackendOptions::
-        // fused_rms_norm_max_rows rows (default 4), and either prologue only within the copy limit
-        // (16-row tiles x rows <= fused_prologue_max_copies_per_sm x multiprocessors, at most 12
-        // past two rows): always on an H100's 132; N 1000 at 8 rows (63 x 8 = 504 copies) not on a
-        // GPU of under 42 multiprocessors.
+        // fused_rms_norm_max_rows rows (default 4), and either prologue only within the copy
+        // limits: always on an H100's 132 multiprocessors; N 1000 at 8 rows (63 x 8 = 504 copies)
+        // not on a GPU of under 42.
         const bool all_fused = gpu != cuda();
-        const int64_t copies = n > 2 ? std::min(limit, 12) : limit;
-        const auto within = [&](int64_t out) { return (out + 15) / 16 * n <= copies * sms; };
+        const auto within = [&](int64_t out) { return within_copy_limits(out, n, limit, sms); };
         check_rms_norm_linear(gpu, w1c, w1g, n, K, N, true, n <= (all_fused ? 8 : 4) && within(N), shape);
 
         // silu_mul -> linear (+ residual in place)
@@ -133,7 +139,7 @@ TEST(GpuOps, LinearFusedPrologueCopyLimit) {
   };
   const Shape shapes[] = {{2560, 19456, {1, 2, 4}}, {2048, 12288, {2, 3}}, {2048, 4096, {3}}};
   for (const Shape& sh : shapes) {
-    const int64_t K = sh.K, N = sh.N, tiles = N / 16;  // N is a multiple of 16
+    const int64_t K = sh.K, N = sh.N;
     for (bool fp8 : {false, true}) {
       HostPart part = make_part(N, K, fp8, 1.0f / std::sqrt(static_cast<float>(K)));
       const LinearPart lp = part_view(part, K, fp8);
@@ -142,10 +148,9 @@ TEST(GpuOps, LinearFusedPrologueCopyLimit) {
         Backend* gpu = gpus[g].get();
         const LinearWeight wg = gpu->load_linear({&lp, 1}, Tensor(), 128).value();
         for (int64_t n : sh.rows) {
-          const int64_t limit = n > 2 ? std::min(limits[g], 12) : limits[g];
           const std::string shape = std::string(fp8 ? "fp8" : "bf16") + " n" + std::to_string(n) + ", " +
                                     std::to_string(limits[g]) + " copies/SM, " + std::to_string(sms) + " SMs,";
-          check_rms_norm_linear(gpu, wc, wg, n, K, N, false, tiles * n <= limit * sms, shape);
+          check_rms_norm_linear(gpu, wc, wg, n, K, N, false, within_copy_limits(N, n, limits[g], sms), shape);
         }
       }
     }
