@@ -47,8 +47,6 @@
 // one for V (a tensor map over the layer's cache in the 128-byte swizzle) where every thread
 // issued 16-byte cp.async for its share: a round's 32 KB in 8 requests instead of 2048, which
 // took the blocks ~1.8 us to issue (bench/RESULTS.md run 35, item 9). The same arithmetic.
-#include <cstdlib>
-
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_keys.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
@@ -118,8 +116,6 @@ struct DecodeParams {
   // their first keys are issued. bytes 0: none.
   const char* l2_data[2];
   uint32_t l2_bytes[2];
-  int exp_pf;   // EXPERIMENT: where the TMA path's L2 prefetch goes (0 keys issued, 1 wait, 2 prepared, 3 keys landed)
-  int exp_row;  // EXPERIMENT: 1 row = seq (a decode batch's query_start) without the load
 };
 
 // This block's share of each region of p.l2_data, asked of L2 in bulk prefetches of at most
@@ -383,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], p.step_mode == 2 ? s_desc + 1 : nullptr);
       __syncwarp();
       // The prefetch after the keys, by the warp that issued them (see below).
-      if (nrounds == 1 && p.exp_pf == 0) prefetch_l2(p, lane, 32);
+      if (nrounds == 1) prefetch_l2(p, lane, 32);
     }
   } else if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) {
     const int32_t* pages = nullptr;
@@ -418,7 +414,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     keys_landed();
     return;
   }
-  const int row = p.exp_row ? seq : p.query_start[seq];
+  const int row = p.query_start[seq];
   __shared__ PrepLane<HD> s_prep[32];
   PrepLane<HD> prep;
   PrepNorm<HD> norms;
@@ -454,7 +450,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   grid_dep_wait();
   if (p.trigger == 0) grid_dep_launch();
   stamp(p, 2);
-  if (kTma && p.exp_pf == 1 && warp == 0 && nrounds == 1) prefetch_l2(p, lane, 32);
   if (p.debug_exit == 1 || p.debug_exit == 7) {
     keys_landed();
     return;
@@ -494,7 +489,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   cp_async_commit();
   stamp(p, 3);
-  if (kTma && p.exp_pf == 2 && warp == 0 && nrounds == 1) prefetch_l2(p, lane, 32);
 
   float o[MT][4];
 #pragma unroll
@@ -534,7 +528,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     __syncthreads();
     if (r == 0) stamp(p, 4);
-    if (kTma && r == 0 && p.exp_pf == 3 && warp == 0 && nrounds == 1) prefetch_l2(p, lane, 32);
     if (r == 0) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks)
@@ -886,12 +879,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.trace = ctx.decode_trace;
   p.trigger = trigger;
   p.layer = layer;
-  {
-    static const int pf = std::getenv("QVL_EXP_PF") ? std::atoi(std::getenv("QVL_EXP_PF")) : 0;
-    static const int rw = std::getenv("QVL_EXP_ROW") ? std::atoi(std::getenv("QVL_EXP_ROW")) : 0;
-    p.exp_pf = pf;
-    p.exp_row = rw;
-  }
   for (int r = 0; r < 2; ++r) {
     if (l2.bytes[r] == 0) continue;
     QVL_CHECK(reinterpret_cast<uintptr_t>(l2.data[r]) % 16 == 0 && l2.bytes[r] % 16 == 0 && l2.bytes[r] < (1u << 31))

@@ -76,11 +76,6 @@ Status CudaBackend::init() {
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
-  if (std::getenv("QVL_LINEAR_TRACE") && options_.decode_attention_trace) {  // EXPERIMENT
-    const size_t bytes = kTraceSlots * 1024 * 5 * sizeof(uint64_t);
-    QVL_ASSIGN_OR_RETURN(linear_trace_, allocate(bytes, "linear trace"));
-    QVL_CUDA_OK(cudaMemset(linear_trace_.data(), 0, bytes));
-  }
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
     const size_t bytes = sizeof(uint64_t) * kDecodeTraceStamps * kDecodeTraceLayers * kDecodeSplitBlocks;
     QVL_ASSIGN_OR_RETURN(decode_trace_, allocate(bytes, "decode attention trace"));

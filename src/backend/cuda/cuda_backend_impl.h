@@ -19,8 +19,6 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,18 +62,6 @@ class CudaBackend final : public Backend {
     synchronize();
     t.resize(decode_trace_.size() / sizeof(uint64_t));
     QVL_CUDA_OK(cudaMemcpy(t.data(), decode_trace_.data(), decode_trace_.size(), cudaMemcpyDeviceToHost));
-    if (const char* path = std::getenv("QVL_LINEAR_TRACE"); path && linear_trace_.data()) {
-      std::vector<uint64_t> lt(linear_trace_.size() / sizeof(uint64_t));
-      QVL_CUDA_OK(cudaMemcpy(lt.data(), linear_trace_.data(), linear_trace_.size(), cudaMemcpyDeviceToHost));
-      FILE* f = std::fopen(path, "wb");
-      const int32_t hdr[4] = {static_cast<int32_t>(trace_meta_.size()), static_cast<int32_t>(kTraceSlots),
-                              static_cast<int32_t>(t.size()), 0};
-      std::fwrite(hdr, sizeof(hdr), 1, f);
-      for (const auto& m : trace_meta_) std::fwrite(m.data(), sizeof(int), 4, f);
-      std::fwrite(lt.data(), 8, lt.size(), f);
-      std::fwrite(t.data(), 8, t.size(), f);
-      std::fclose(f);
-    }
     return t;
   }
   void quantize_fp8_rows(Tensor q, Tensor scales, Tensor tail_scales, const Tensor& x);
@@ -310,13 +296,6 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
-  // EXPERIMENT (QVL_LINEAR_TRACE=file): one-row decode Linears' stamps, [slot][1024][5], and per
-  // slot (N, K, prologue, SwiGLU epilogue); written with the attention's trace to the file when
-  // the attention trace is read.
-  static constexpr size_t kTraceSlots = 1024;
-  DeviceBuffer linear_trace_;
-  std::vector<std::array<int, 4>> trace_meta_;
-  unsigned long long* trace_slot(int64_t n, int64_t N, int64_t K, int pro, int glu);
   std::unique_ptr<cuda::OpProfiler> profiler_;
   DeviceBuffer stack_trace_;  // decoder_stack phase stamps while profiling
   int trace_layers_ = 0;      // layers of the last traced decoder_stack launch (0: none pending)

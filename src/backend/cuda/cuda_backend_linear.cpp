@@ -286,26 +286,14 @@ void CudaBackend::skinny_linear(Tensor out, const Tensor& x, const LinearWeight&
     return;
   }
   if (ctx_.profiler) note_linear(out, x, w, ep, fused_note(pro, false).c_str());
-  ctx_.linear_trace = trace_slot(x.dim(0), w.out_features, w.in_features, pro.kind, 0);
   cuda::launch_skinny_linear(ctx_, out, x, w, ep, pro, {}, follows_attention);
-  ctx_.linear_trace = nullptr;
-}
-
-
-// EXPERIMENT (QVL_LINEAR_TRACE): the next slot of the Linear trace for a one-row launch.
-unsigned long long* CudaBackend::trace_slot(int64_t n, int64_t N, int64_t K, int pro, int glu) {
-  if (!linear_trace_.data() || n != 1 || trace_meta_.size() >= kTraceSlots) return nullptr;
-  trace_meta_.push_back({static_cast<int>(N), static_cast<int>(K), pro, glu});
-  return static_cast<unsigned long long*>(linear_trace_.data()) + (trace_meta_.size() - 1) * 1024 * 5;
 }
 
 void CudaBackend::launch_pending_linear(const Tensor& glu_out) {
   const PendingLinear l = std::move(lin_);
   lin_ = {};
   if (ctx_.profiler) note_linear(l.out, l.x, l.w, {}, fused_note(l.pro, !glu_out.empty()).c_str());
-  ctx_.linear_trace = trace_slot(l.x.dim(0), l.w.out_features, l.w.in_features, l.pro.kind, !glu_out.empty());
   cuda::launch_skinny_linear(ctx_, l.out, l.x, l.w, {}, l.pro, glu_out);
-  ctx_.linear_trace = nullptr;
 }
 
 void CudaBackend::gemm_linear(Tensor out, const Tensor& x, const LinearWeight& w, const Epilogue& ep) {

@@ -95,7 +95,6 @@ struct LaunchContext {
   int64_t* ring_prologue_first_launches = nullptr;  // ring Linears holding stages back (CudaFp8GemmCounts)
   int early_launch = -1;                            // CudaBackendOptions::decode_early_launch
   OpProfiler* profiler = nullptr;                   // non-null while profiling
-  unsigned long long* linear_trace = nullptr;  // EXPERIMENT: this launch's [1024][5] stamps
   SkinnyTuning skinny;
 };
 

@@ -95,7 +95,6 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
-  lstamp(p, 0);
   Group<kFp8, G> wa, wb;
   int c = half * W + warp;
   // Weights are never written by a kernel: safe before the wait.
@@ -106,9 +105,7 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
   if (p.early_launch) grid_dep_launch();
   grid_dep_wait();
   if (!p.early_launch) grid_dep_launch();
-  lstamp(p, 1);
   run_prologue<PRO, W>(p, pro_smem, pw);
-  lstamp(p, 2);
   if (prewait <= 1) load_group<kFp8, G, WT>(p, c + kStride, nchunks, ra, rb, t, wb);
 
   while (c < nchunks) {
@@ -121,11 +118,8 @@ __global__ void __launch_bounds__(W * 32, MB > 0                             ? M
     c += kStride;
   }
 
-  lstamp(p, 3);
   if constexpr (KS == 1) {
     reduce_tile_and_store<NT, W>(p, red, acc, ti);
-    __syncthreads();
-    lstamp(p, 4);
   } else {
     // The pair's sum per output, in a fixed order: block 0's warps, then block 1's.
     write_partials<NT, W>(red, acc);
@@ -458,7 +452,6 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
     p.scale_row_shift = block_rows ? kChunkShift : 0;
   }
   const SkinnyTuning tune = choose_skinny(ctx, p, fp8, pro.kind, !glu_out.empty());
-  if (tune.variant == 1 || tune.variant == 3) p.trace = ctx.linear_trace;
   if (tune.variant == 1 && pro.kind == SkinnyPrologue::kNone && !follows_attention && ctx.early_launch != 0) {
     const int64_t blocks = skinny_tiles(p.N) * (tune.split == 2 ? 2 : 1);
     p.early_launch = ctx.early_launch == 1 ||

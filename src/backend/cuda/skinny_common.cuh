@@ -84,17 +84,7 @@ struct SkinnyParams {
   // The next kernel may launch before this one's PDL wait (CudaBackendOptions::decode_early_launch;
   // the one-tile kernel).
   bool early_launch;
-  unsigned long long* trace;  // EXPERIMENT: [block][5] %globaltimer stamps (null: none)
 };
-
-// EXPERIMENT: thread 0 of block b < 1024 stamps stage s (0 entry, 1 wait passed, 2 prologue done,
-// 3 math done, 4 stored).
-__device__ __forceinline__ void lstamp(const SkinnyParams& p, int s) {
-  if (p.trace == nullptr || threadIdx.x != 0 || blockIdx.x >= 1024) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  p.trace[blockIdx.x * 5 + s] = t;
-}
 
 // Row r (0..15) of 16-row tile ti: rows 16 ti + r, or with the SwiGLU epilogue gate row 8 ti + r
 // (r < 8) and up row N / 2 + 8 ti + r - 8. Past N: N - 1 (read, never stored).

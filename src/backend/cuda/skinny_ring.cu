@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
     }
   };
 
-  lstamp(p, 0);
   if (threadIdx.x == 0) {
     for (int d = 0; d < depth; ++d) {
       mbar_init(&full[d], 1);
@@ -129,11 +128,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
   __syncthreads();  // the barriers' initialisation
   grid_dep_wait();
   grid_dep_launch();
-  lstamp(p, 1);
   run_prologue<PRO>(p, pro_smem, pw);
   if (warp == 0)
     for (int q = L.early; q < min(depth, total); ++q) issue(q);
-  lstamp(p, 2);
 
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int q = 0; q < total; ++q) {
@@ -184,13 +181,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) skinny_ring_kernel(const Skinn
       issue(q + depth);
     }
     if (seg != segs - 1) continue;
-    if (q == total - 1) lstamp(p, 3);
     // The tile is complete (red is double-buffered: one barrier per tile).
     reduce_tile_and_store<1>(p, red[ti & 1], acc, blockIdx.x + ti * gridDim.x);
     acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
   }
-  __syncthreads();
-  lstamp(p, 4);
 }
 
 // What a ring launch holds besides its stages: the grid, the prologue's x (the ring starts at
