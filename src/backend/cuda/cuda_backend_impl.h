@@ -292,8 +292,16 @@ class CudaBackend final : public Backend {
   // against 5.716 ms; H100, RESULTS run 36). The bound lies between those two points.
   static constexpr double kLateLaunchMaxBytes = 24e6;
   // CudaBackendOptions::decode_l2_prefetch_bytes' default where it applies: at most this much of
-  // each of gate_up and down_proj (a third of an H100's 50 MB L2), and at most half of it.
+  // each of gate_up and down_proj (a third of an H100's 50 MB L2), and at most half of it. On a
+  // device whose DRAM peaks above kDecodeL2PrefetchFastGBps (an H200's 4.8 TB/s against an
+  // H100's 3.35) at most kDecodeL2PrefetchBytesFast: the prefetch delays every critical read
+  // behind it, and there 8 MB of each measured better than 16 on all six presets (bench/RESULTS.md
+  // run 42, item 6).
   static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
+  static constexpr int64_t kDecodeL2PrefetchBytesFast = 8'000'000;
+  static constexpr double kDecodeL2PrefetchFastGBps = 4000;
+  // Peak DRAM bandwidth from the device's attributes (double data rate; 0 where unknown).
+  double peak_dram_gbps() const { return 2.0 * info_.memory_clock_khz * 1e3 * info_.memory_bus_bits / 8 / 1e9; }
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;
