@@ -196,7 +196,8 @@ Status run_bench(const BenchOptions& o) {
               {"compute_capability", info.compute_capability},
               {"multiprocessors", info.multiprocessors},
               {"total_memory_bytes", info.total_memory},
-              {"l2_bytes", info.l2_bytes}};
+              {"l2_bytes", info.l2_bytes},
+              {"peak_dram_gbps", cuda_peak_dram_gbps(info)}};
 #else
     return failed_precondition("--backend cuda: this qvl was built without the CUDA backend");
 #endif

@@ -419,7 +419,7 @@ cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) 
     const auto& [data, bytes] = l2_prefetch_[layer][r];
     if (data == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0) continue;
     const int64_t cap =
-        peak_dram_gbps() > kDecodeL2PrefetchFastGBps ? kDecodeL2PrefetchBytesFast : kDecodeL2PrefetchBytes;
+        cuda_peak_dram_gbps(info_) > kDecodeL2PrefetchFastGBps ? kDecodeL2PrefetchBytesFast : kDecodeL2PrefetchBytes;
     const size_t want = by_default ? std::min<size_t>(cap, bytes / 2) : static_cast<size_t>(option);
     l2.bytes[r] = std::min(want, bytes) & ~size_t{15};
     l2.data[r] = data;

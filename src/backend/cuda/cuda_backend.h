@@ -336,6 +336,12 @@ struct CudaDeviceInfo {
   int memory_bus_bits = 0;
 };
 
+// Peak DRAM bandwidth in GB/s from the device's memory clock and bus width (double data rate;
+// 0 where they are unknown): an H100 SXM 3350, an H200 4810.
+inline double cuda_peak_dram_gbps(const CudaDeviceInfo& info) {
+  return 2.0 * info.memory_clock_khz * 1e3 * info.memory_bus_bits / 8 / 1e9;
+}
+
 // Number of CUDA devices (0 when there is no driver or no device; never an error).
 int cuda_device_count();
 // Facts about one device; a not-found Status when it does not exist.

@@ -300,8 +300,6 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
   static constexpr int64_t kDecodeL2PrefetchBytesFast = 8'000'000;
   static constexpr double kDecodeL2PrefetchFastGBps = 4000;
-  // Peak DRAM bandwidth from the device's attributes (double data rate; 0 where unknown).
-  double peak_dram_gbps() const { return 2.0 * info_.memory_clock_khz * 1e3 * info_.memory_bus_bits / 8 / 1e9; }
   std::vector<cuda::SkipRule> skip_rules_;  // ctx_.skip points here (measurement only)
   DeviceBuffer decode_trace_;               // ctx_.decode_trace (measurement only)
   std::unique_ptr<cuda::OpProfiler> profiler_;
