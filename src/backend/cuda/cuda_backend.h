@@ -210,8 +210,9 @@ struct CudaBackendOptions {
   // round (64; at batch 1 with 16 splits a context of up to 1024: a later round's keys would wait
   // behind the prefetch, which measured +3% at 1214 tokens, 2B FP8).
   // -1 (default): at batch 1 on compute capability 9.x, half of each weight and at most 16 MB
-  // of it (kDecodeL2PrefetchBytes; 8 MB where DRAM peaks above 4 TB/s, as an H200's does:
-  // -0.2 to -1.3% against 16 there, RESULTS run 42), else none. Decode step, batch 1, 838 tokens, H100, against
+  // of it (kDecodeL2PrefetchBytes; 8 MB where DRAM peaks above 4 TB/s, as an H200's does: there
+  // 2B BF16 -2.2%, 4B BF16 -0.8%, 4B FP8 -1.1%, 8B -0.3 / -0.7% against 16, RESULTS run 42), else
+  // none. Decode step, batch 1, 838 tokens, H100, against
   // none, medians of three in one call (bench/RESULTS.md run 37): 2B FP8 -1.6%, 2B BF16 -2.6%,
   // 4B FP8 -0.6%, 4B BF16 -1.4%; at 994 tokens 2B FP8 -1.3%, 2B BF16 -1.8%. 16 MB of each
   // without the halving: 2B FP8 +0.3 to -1.1% between calls, the others alike. At 2 and 4
