@@ -167,6 +167,24 @@ TEST(PlannerRuntime, Sm90IsMeasured) {
   for (const std::string& n : p.notes) EXPECT_EQ(n.find("provisional"), std::string::npos) << n;
 }
 
+// The decode prefetch's rule (CudaBackendOptions::decode_l2_prefetch_bytes) reads the peak DRAM
+// bandwidth from the memory clock and bus width the driver reports, double data rate:
+// H200 (3201000 kHz and 6016 bits, as its driver reported them in RESULTS run 42):
+// 2 x 3.201e9 x 6016 / 8 = 4814.304e9 B/s; H100 SXM (2619000 kHz, 5120 bits): 2 x 2.619e9 x 640
+// = 3352.32e9 (its published memory clock and bus width; no H100 was lent in run 42). The rule's
+// 4 TB/s lies between them; unknown attributes give 0.
+TEST(CudaDeviceFacts, PeakDramBandwidth) {
+  CudaDeviceInfo h200;
+  h200.memory_clock_khz = 3201000;
+  h200.memory_bus_bits = 6016;
+  EXPECT_NEAR(cuda_peak_dram_gbps(h200), 4814.304, 1e-6);
+  CudaDeviceInfo h100;
+  h100.memory_clock_khz = 2619000;
+  h100.memory_bus_bits = 5120;
+  EXPECT_NEAR(cuda_peak_dram_gbps(h100), 3352.32, 1e-6);
+  EXPECT_EQ(cuda_peak_dram_gbps(CudaDeviceInfo{}), 0.0);
+}
+
 // The CUDA backend's W8A8 activation scratch (FP8 prefill GEMMs through block-scaled cuBLASLt,
 // which exists on compute capability 9.x only) is planned where the backend allocates it: with
 // --fp8-gemm w8a8, 16 MiB (CudaBackendOptions::fp8_act_workspace_bytes, already whole 2 MiB
