@@ -415,11 +415,11 @@ cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) 
   if ((option <= 0 && !by_default) || info_.compute_capability < 90 || layer < 0 ||
       static_cast<size_t>(layer) >= l2_prefetch_.size())
     return l2;
+  const int64_t cap =
+      cuda_peak_dram_gbps(info_) > kDecodeL2PrefetchFastGBps ? kDecodeL2PrefetchBytesFast : kDecodeL2PrefetchBytes;
   for (int r = 0; r < 2; ++r) {
     const auto& [data, bytes] = l2_prefetch_[layer][r];
     if (data == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0) continue;
-    const int64_t cap =
-        cuda_peak_dram_gbps(info_) > kDecodeL2PrefetchFastGBps ? kDecodeL2PrefetchBytesFast : kDecodeL2PrefetchBytes;
     const size_t want = by_default ? std::min<size_t>(cap, bytes / 2) : static_cast<size_t>(option);
     l2.bytes[r] = std::min(want, bytes) & ~size_t{15};
     l2.data[r] = data;

@@ -210,14 +210,14 @@ struct CudaBackendOptions {
   // round (64; at batch 1 with 16 splits a context of up to 1024: a later round's keys would wait
   // behind the prefetch, which measured +3% at 1214 tokens, 2B FP8).
   // -1 (default): at batch 1 on compute capability 9.x, half of each weight and at most 16 MB
-  // of it (kDecodeL2PrefetchBytes; 8 MB where DRAM peaks above 4 TB/s, as an H200's does: there
-  // 2B BF16 -2.2%, 4B BF16 -0.8%, 4B FP8 -1.1%, 8B -0.3 / -0.7% against 16, RESULTS run 42), else
-  // none. Decode step, batch 1, 838 tokens, H100, against
+  // of it (kDecodeL2PrefetchBytes), else none. Decode step, batch 1, 838 tokens, H100, against
   // none, medians of three in one call (bench/RESULTS.md run 37): 2B FP8 -1.6%, 2B BF16 -2.6%,
   // 4B FP8 -0.6%, 4B BF16 -1.4%; at 994 tokens 2B FP8 -1.3%, 2B BF16 -1.8%. 16 MB of each
   // without the halving: 2B FP8 +0.3 to -1.1% between calls, the others alike. At 2 and 4
   // sequences it measured up to +7% (the attention reads more keys, the Linears more rows), at 8
-  // +4 to +10%. 0: never; > 0: that many bytes of each at every batch (tests).
+  // +4 to +10%. Where DRAM peaks above 4 TB/s (an H200; cuda_peak_dram_gbps) at most 8 MB of
+  // each: there, against 16, 2B BF16 -2.2%, 4B BF16 -0.8%, 4B FP8 -1.1%, 8B -0.3 / -0.7% (RESULTS
+  // run 42). 0: never; > 0: that many bytes of each at every batch (tests).
   int64_t decode_l2_prefetch_bytes = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer
@@ -338,7 +338,7 @@ struct CudaDeviceInfo {
 };
 
 // Peak DRAM bandwidth in GB/s from the device's memory clock and bus width (double data rate;
-// 0 where they are unknown): an H100 SXM 3350, an H200 4810.
+// 0 where they are unknown): an H100 SXM 3352, an H200 4814.
 inline double cuda_peak_dram_gbps(const CudaDeviceInfo& info) {
   return 2.0 * info.memory_clock_khz * 1e3 * info.memory_bus_bits / 8 / 1e9;
 }
