@@ -216,8 +216,8 @@ struct CudaBackendOptions {
   // without the halving: 2B FP8 +0.3 to -1.1% between calls, the others alike. At 2 and 4
   // sequences it measured up to +7% (the attention reads more keys, the Linears more rows), at 8
   // +4 to +10%. Where DRAM peaks above 4 TB/s (an H200; cuda_peak_dram_gbps) at most 8 MB of
-  // each: there, against 16, 2B BF16 -2.2%, 4B BF16 -0.8%, 4B FP8 -1.1%, 8B -0.3 / -0.7% (RESULTS
-  // run 42). 0: never; > 0: that many bytes of each at every batch (tests).
+  // each: there, against 16, 2B BF16 -2.2%, 2B FP8 -0.6%, 4B BF16 -0.8%, 4B FP8 -1.1%, 8B -0.3 /
+  // -0.7% (RESULTS run 42). 0: never; > 0: that many bytes of each at every batch (tests).
   int64_t decode_l2_prefetch_bytes = -1;
   // RMSNorm and SiLU·mul over few rows (below) are computed inside the Linear that reads them,
   // and a decode batch's text_qkv_prepare inside the attention kernel (up to three launches fewer

@@ -295,8 +295,8 @@ class CudaBackend final : public Backend {
   // each of gate_up and down_proj (a third of an H100's 50 MB L2), and at most half of it. On a
   // device whose DRAM peaks above kDecodeL2PrefetchFastGBps (an H200's 4.8 TB/s against an
   // H100's 3.35) at most kDecodeL2PrefetchBytesFast: the prefetch delays every critical read
-  // behind it, and there 8 MB of each measured better than 16 on every preset whose halves
-  // exceed 8 MB (bench/RESULTS.md run 42, items 6 and 7).
+  // behind it, and there at most 8 MB of each measured better than at most 16 on all six
+  // presets (bench/RESULTS.md run 42, items 6 and 7).
   static constexpr int64_t kDecodeL2PrefetchBytes = 16'000'000;
   static constexpr int64_t kDecodeL2PrefetchBytesFast = 8'000'000;
   static constexpr double kDecodeL2PrefetchFastGBps = 4000;
