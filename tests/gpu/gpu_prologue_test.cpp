@@ -18,9 +18,9 @@ namespace {
 
 // Whether a Linear of `out` outputs takes a prologue of `rows` rows under the copy limits: its
 // 16-row tiles x rows at most `limit` (fused_prologue_max_copies_per_sm) per multiprocessor, and
-// past two rows at most 12.
+// past two rows at most kFusedPrologueMaxCopiesPastTwoRows (12).
 bool within_copy_limits(int64_t out, int64_t rows, int limit, int64_t sms) {
-  const int64_t copies = rows > 2 ? std::min(limit, 12) : limit;
+  const int64_t copies = rows > 2 ? std::min(limit, kFusedPrologueMaxCopiesPastTwoRows) : limit;
   return (out + 15) / 16 * rows <= copies * sms;
 }
 

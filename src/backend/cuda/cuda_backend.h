@@ -42,6 +42,12 @@ namespace qvl {
 inline constexpr int kSkinnyMaxRows = 32;
 // Decode Linears of up to this many rows may take a SiLU·mul that follows as their epilogue.
 inline constexpr int kSkinnyGluMaxRows = 8;
+// Past two rows a decode Linear takes a prologue only where its blocks compute at most this many
+// copies of it per multiprocessor, whatever CudaBackendOptions::fused_prologue_max_copies_per_sm
+// allows. Decode step, H200 (bench/RESULTS.md run 41): 2B's gate_up at three rows (768 tiles, 17.5
+// copies) measured -4.7% (FP8) and -0.4% (BF16) as its own kernel, while the qkv Linears at three
+// and four rows (5.8-11.6 copies) keep it: 4B FP8 +4 to +5% out, 8B FP8 +1.6% at three rows.
+inline constexpr int kFusedPrologueMaxCopiesPastTwoRows = 12;
 // FP8 Linears take the skinny kernels in passes of this many rows: one launch of the wide kernel
 // where it takes the shape (skinny_wide.cu, sm_90), else passes of kSkinnyMaxRows.
 inline constexpr int kSkinnyWideMaxRows = 64;

@@ -185,11 +185,7 @@ inline bool over_one_and_a_half_blocks_per_sm(int64_t blocks, int num_sms) {
 }
 // Every block of the Linear computes the prologue of every row again, so it pays up to
 // copies_per_sm of those per multiprocessor (CudaBackendOptions::fused_prologue_max_copies_per_sm),
-// and past two rows up to kFusedPrologueMaxCopiesPastTwoRows. Decode step, H200 (bench/RESULTS.md
-// run 41): 2B's gate_up at three rows (768 tiles, 17.5 copies) measured -4.7% (FP8) and -0.4% (BF16)
-// as its own kernel, while the qkv Linears at three and four rows (5.8-11.6 copies) keep it: 4B
-// FP8 +4 to +5% out, 8B FP8 +1.6% at three rows.
-inline constexpr int kFusedPrologueMaxCopiesPastTwoRows = 12;
+// and past two rows up to kFusedPrologueMaxCopiesPastTwoRows (cuda_backend.h).
 inline bool fused_prologue_pays(int64_t out_features, int64_t rows, int num_sms, int copies_per_sm) {
   const int64_t limit = rows > 2 ? std::min(copies_per_sm, kFusedPrologueMaxCopiesPastTwoRows) : copies_per_sm;
   return skinny_tiles(out_features) * rows <= limit * num_sms;
