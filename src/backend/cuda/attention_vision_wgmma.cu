@@ -25,6 +25,14 @@
 // double-buffered, a tree of partial maxima and sums, and a cubic exp2 on the FMA pipe for some of
 // the elements were each no better or within the run-to-run spread.
 //
+// Head dim 72 (Qwen3-VL 8B) runs the same kernel on the first 64 columns of every head and adds
+// the last 8 by mma.sync on each consumer warp's own 16 rows: a second, unswizzled tensor map
+// brings columns 64..71 of Q, K and V in boxes of 128 rows x 16 bytes beside the main tiles. S
+// gains Q[:, 64:72]·K[:, 64:72]ᵀ as 16 m16n8k8 per warp once the wgmma's S is complete (the
+// m16n8 accumulator is the wgmma accumulator's layout, 8 columns at a time), and O[:, 64:72]
+// accumulates P·V[:, 64:72] as 8 m16n8k16 per tile with P's registers as the A operand (the
+// register A layout of the wgmma is mma.m16n8k16's) and V's columns through ldmatrix.trans.
+//
 // Needs sm_90a (wgmma, setmaxnreg): this file is built on its own with 90a in place of 90; the
 // host asks vision_wgmma_available() first. The tensor map comes from the driver
 // (cuTensorMapEncodeTiled through cudaGetDriverEntryPoint: qvl still starts without libcuda).
@@ -37,7 +45,7 @@ namespace {
 
 using namespace wgmma;  // the warpgroup-MMA helpers (wgmma.cuh)
 
-constexpr int kHD = 64;
+constexpr int kHD = 64;                     // the columns of a head in the wgmma tiles
 constexpr int kCWG = 3;                     // consumer warpgroups of 64 query rows
 constexpr int kBM = 64 * kCWG;              // query rows per block
 constexpr int kBN = 128;                    // keys per tile
@@ -46,7 +54,14 @@ constexpr int kThreads = 128 * (1 + kCWG);  // warpgroup 0: producer
 constexpr int kTileBytes = kBN * kHD * 2;   // 16 KiB: one TMA box, 128 rows of 128 bytes
 constexpr int kQBoxes = (kBM + kBN - 1) / kBN;
 using Smem = RingSmem<kQBoxes, kStages, kTileBytes>;
-constexpr int kSmemBytes = Smem::kBytes;  // Q, K/V stages, alignment, barriers
+// Head dim 72: columns 64..71 of each tile in boxes of kBN rows x 16 bytes (no swizzle), Q's
+// then (K, V) per stage, 1024 bytes past the barriers.
+constexpr int kTailBytes = kBN * 16;
+constexpr int kTailOffset = (kQBoxes + 2 * kStages) * kTileBytes + 1024;
+template <int HD>
+constexpr int smem_bytes() {  // Q, K/V stages, alignment, barriers (and the tails)
+  return HD == 64 ? Smem::kBytes : kTailOffset + 1024 + (kQBoxes + 2 * kStages) * kTailBytes;
+}
 // Registers per thread after setmaxnreg: 4 x 128 threads at launch get 128 each; the producer
 // gives up 104 of them and the consumers take 32 more (65,536 in all).
 constexpr int kProducerRegs = 24, kConsumerRegs = 160;
@@ -84,13 +99,31 @@ __device__ __forceinline__ void wgmma_s(float (&d)[64], uint64_t desc_a, uint64_
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// d += a (16 x 8 BF16, row) · b (8 x 8 BF16, col) in fp32: mma.m16n8k8.
+__device__ __forceinline__ void mma_m16n8k8(float* d, uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(b));
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// tail: head dim 72's second tensor map (columns 64..71 of every head; unused at 64).
+template <int HD>
 __global__ void __launch_bounds__(kThreads, 1)
-    vision_wgmma_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ Params p) {
+    vision_wgmma_kernel(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap tail,
+                        const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(HD == 64 || HD == 72, "head dim");
+  constexpr bool kTail = HD == 72;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem ring(smem_raw);
+  // The tails (kTail): Q's kQBoxes boxes, then stage s's K at 2 s and V at 2 s + 1.
+  uint8_t* const tails = ring.base + kTailOffset;
+  auto q_tail = [&] { return tails; };
+  auto k_tail = [&](int st) { return tails + (kQBoxes + 2 * st) * kTailBytes; };
+  auto v_tail = [&](int st) { return tails + (kQBoxes + 2 * st + 1) * kTailBytes; };
+  constexpr uint32_t kBoxBytes = kTileBytes + (kTail ? kTailBytes : 0);  // a (main, tail) box pair
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   init_ring(ring.bars(), kStages, 4 * kCWG);
@@ -118,15 +151,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {  // producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(ring.q_full(), kQBoxes * kTileBytes);
-      for (int b = 0; b < kQBoxes; ++b)
-        tma_load_2d(ring.q() + b * kTileBytes, &map, head * kHD, q0 + b * kBN, ring.q_full());
+      mbar_expect_tx(ring.q_full(), kQBoxes * kBoxBytes);
+      for (int b = 0; b < kQBoxes; ++b) {
+        tma_load_2d(ring.q() + b * kTileBytes, &map, head * HD, q0 + b * kBN, ring.q_full());
+        if constexpr (kTail) tma_load_2d(q_tail() + b * kTailBytes, &tail, head * HD + 64, q0 + b * kBN, ring.q_full());
+      }
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
         if (j >= kStages) mbar_wait(&ring.empty()[s], ((j / kStages) - 1) & 1);
-        mbar_expect_tx(&ring.full()[s], 2 * kTileBytes);
-        tma_load_2d(ring.k(s), &map, (p.heads + head) * kHD, kb + j * kBN, &ring.full()[s]);
-        tma_load_2d(ring.v(s), &map, (2 * p.heads + head) * kHD, kb + j * kBN, &ring.full()[s]);
+        mbar_expect_tx(&ring.full()[s], 2 * kBoxBytes);
+        tma_load_2d(ring.k(s), &map, (p.heads + head) * HD, kb + j * kBN, &ring.full()[s]);
+        tma_load_2d(ring.v(s), &map, (2 * p.heads + head) * HD, kb + j * kBN, &ring.full()[s]);
+        if constexpr (kTail) {
+          tma_load_2d(k_tail(s), &tail, (p.heads + head) * HD + 64, kb + j * kBN, &ring.full()[s]);
+          tma_load_2d(v_tail(s), &tail, (2 * p.heads + head) * HD + 64, kb + j * kBN, &ring.full()[s]);
+        }
       }
     }
     return;
@@ -142,11 +181,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[1][32], s[64];
   uint32_t pk[8][4];
   RowSoftmax<64> sm;
+  // kTail: O's columns 64..71 (the m16n8 accumulator of the warp's rows) and Q's columns 64..71
+  // as the m16n8k8 A operand (rows g and g + 8 of the warp's 16, columns 2 t and 2 t + 1).
+  float ot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint32_t qt[2] = {0u, 0u};
   // Keys past the segment's end in tile j are masked.
   auto softmax = [&](int j, float(&alpha)[2]) {
+    if constexpr (kTail) {  // S += Q[:, 64:72]·K_j[:, 64:72]ᵀ, 8 keys (one m16n8 tile of s) at a time
+      const uint8_t* kt = k_tail(j % kStages);
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+        mma_m16n8k8(s + 4 * n, qt[0], qt[1], *reinterpret_cast<const uint32_t*>(kt + (8 * n + g) * 16 + 4 * t));
+    }
     const int limit = kn - j * kBN;  // keys of tile j inside the segment
     auto visible = [&](int i) { return (i >> 2) * 8 + 2 * t + (i & 1) < limit; };
     sm.step(s, sl, limit < kBN, visible, alpha);
+    if constexpr (kTail) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ot[i] *= alpha[i >> 1];
+    }
   };
 #pragma unroll
   for (int i = 0; i < 32; ++i) o[0][i] = 0.0f;
@@ -162,44 +215,78 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
     wgmma_commit();
+    if constexpr (kTail) {  // O[:, 64:72] += P·V[:, 64:72] while the wgmmas run; rows of keys 16 kk + (lane & 15)
+      const uint8_t* vt = v_tail(stage) + (lane & 15) * 16;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t b[2];
+        ldmatrix_x2_trans(b, vt + kk * 256);
+        mma_m16n8k16(ot, pk[kk], b[0], b[1]);
+      }
+    }
   };
   mbar_wait(ring.q_full(), 0);
+  if constexpr (kTail) {
+    const uint8_t* qrow = q_tail() + (wg * 64 + (warp & 3) * 16 + g) * 16 + 4 * t;
+    qt[0] = *reinterpret_cast<const uint32_t*>(qrow);
+    qt[1] = *reinterpret_cast<const uint32_t*>(qrow + 8 * 16);
+  }
   consumer_loop<kStages>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
   consumer_last<kStages>(tiles, ring.empty(), o, pk, issue_o);
 
   float inv[2];
   sm.finish(inv);
-  const int64_t ld = static_cast<int64_t>(p.heads) * kHD;
+  const int64_t ld = static_cast<int64_t>(p.heads) * HD;
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    if (row0 + r * 8 < qn) store_o_row(p.out + (q0 + row0 + r * 8) * ld + head * kHD, o[0], r, inv[r]);
+  for (int r = 0; r < 2; ++r) {
+    if (row0 + r * 8 >= qn) continue;
+    bf16* out = p.out + (q0 + row0 + r * 8) * ld + head * HD;
+    store_o_row(out, o[0], r, inv[r]);
+    if constexpr (kTail)
+      *reinterpret_cast<bf162*>(out + 64 + 2 * t) = __floats2bfloat162_rn(ot[2 * r] * inv[r], ot[2 * r + 1] * inv[r]);
+  }
 #endif
 }
 
 }  // namespace
 
 void configure_vision_wgmma() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(vision_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(vision_wgmma_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<64>()));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(vision_wgmma_kernel<72>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<72>()));
 }
 
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                                    int num_heads, int head_dim, float scale) {
   const int64_t n = qkv.dim(0), width = qkv.row_numel();
-  if (!ctx.vision_wgmma || head_dim != kHD || n <= 0 || n > INT32_MAX || width != 3LL * num_heads * kHD ||
-      reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0)
+  if (!ctx.vision_wgmma || (head_dim != 64 && head_dim != 72) || n <= 0 || n > INT32_MAX ||
+      width != 3LL * num_heads * head_dim || reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0)
     return false;
-  CUtensorMap map;
+  // The main tiles: 64 columns from each head's first (a head starts 128 or 144 bytes after the
+  // last: 16-byte aligned, as TMA needs). Head dim 72: its last 8 columns through `tail`.
+  CUtensorMap map, tail;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(n)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(width) * sizeof(bf16)};
   const cuuint32_t box[2] = {kHD, kBN};
   if (!encode_sw128(&map, 2, qkv.data, dims, strides, box, "vision attention")) return false;
+  tail = map;  // unused at head dim 64
+  if (head_dim == 72) {
+    const cuuint32_t tail_box[2] = {8, kBN};
+    if (!encode_bf16_tiles(&tail, 2, qkv.data, dims, strides, tail_box, false, "vision attention")) return false;
+  }
   Params prm{out.as<bf16>(), seg.cu_seqlens.as<int32_t>(), static_cast<int>(seg.host_cu_seqlens.size()) - 1, num_heads,
              scale * 1.4426950408889634f};
   unsigned tiles = 0;
   for (size_t s = 0; s + 1 < seg.host_cu_seqlens.size(); ++s)
     tiles += ceil_div(seg.host_cu_seqlens[s + 1] - seg.host_cu_seqlens[s], kBM);
-  launch(ctx, "vision_attention_wgmma", vision_wgmma_kernel, dim3(tiles, static_cast<unsigned>(num_heads)),
-         dim3(kThreads), static_cast<size_t>(kSmemBytes), map, prm);
+  const dim3 grid(tiles, static_cast<unsigned>(num_heads));
+  if (head_dim == 64)
+    launch(ctx, "vision_attention_wgmma", vision_wgmma_kernel<64>, grid, dim3(kThreads),
+           static_cast<size_t>(smem_bytes<64>()), map, tail, prm);
+  else
+    launch(ctx, "vision_attention_wgmma", vision_wgmma_kernel<72>, grid, dim3(kThreads),
+           static_cast<size_t>(smem_bytes<72>()), map, tail, prm);
   return true;
 }
 

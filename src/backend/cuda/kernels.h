@@ -70,7 +70,7 @@ struct LaunchContext {
   bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
   bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
   int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool vision_wgmma = false;      // vision attention at head dim 64: the sm_90a warpgroup-MMA kernel
+  bool vision_wgmma = false;      // vision attention at head dim 64 / 72: the sm_90a warpgroup-MMA kernel
   bool prefill_wgmma = false;     // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
   bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
@@ -250,7 +250,7 @@ void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor&
 // capability (sm_90 exactly, and the driver's tensor-map encoder found).
 bool wgmma_attention_available(int compute_capability);
 void configure_vision_wgmma();
-// Launches it for head dim 64 when ctx.vision_wgmma, or returns false (nothing launched).
+// Launches it for head dim 64 or 72 when ctx.vision_wgmma, or returns false (nothing launched).
 bool launch_vision_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
                                    int num_heads, int head_dim, float scale);
 // ---- attention_prefill_wgmma.cu (sm_90a) ----

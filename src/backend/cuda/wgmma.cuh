@@ -273,5 +273,8 @@ __device__ __forceinline__ void store_o_row(bf16* out, const float (&o)[32], int
 // first failure of the process is logged, naming `what`.
 bool encode_sw128(CUtensorMap* map, int rank, void* base, const cuuint64_t* dims, const cuuint64_t* strides,
                   const cuuint32_t* box, const char* what);
+// The same, in the 128-byte swizzle where `sw128`, else unswizzled (rows of the box packed).
+bool encode_bf16_tiles(CUtensorMap* map, int rank, void* base, const cuuint64_t* dims, const cuuint64_t* strides,
+                       const cuuint32_t* box, bool sw128, const char* what);
 
 }  // namespace qvl::cuda::wgmma
