@@ -26,12 +26,13 @@
 // the elements were each no better or within the run-to-run spread.
 //
 // Head dim 72 (Qwen3-VL 8B) runs the same kernel on the first 64 columns of every head and adds
-// the last 8 by mma.sync on each consumer warp's own 16 rows: a second, unswizzled tensor map
-// brings columns 64..71 of Q, K and V in boxes of 128 rows x 16 bytes beside the main tiles. S
-// gains Q[:, 64:72]·K[:, 64:72]ᵀ as 16 m16n8k8 per warp once the wgmma's S is complete (the
-// m16n8 accumulator is the wgmma accumulator's layout, 8 columns at a time), and O[:, 64:72]
-// accumulates P·V[:, 64:72] as 8 m16n8k16 per tile with P's registers as the A operand (the
-// register A layout of the wgmma is mma.m16n8k16's) and V's columns through ldmatrix.trans.
+// the last 8 beside them: a second, unswizzled tensor map brings columns 64..71 of Q, K and V in
+// boxes of 128 rows x 16 bytes. S takes them as a fifth k16 step of its wgmma, in the unswizzled
+// K-major layout (8-row core matrices 128 bytes apart), whose second 8 columns are a zeroed 2 KB
+// region (the descriptor's leading offset points there). O[:, 64:72] accumulates P·V[:, 64:72]
+// by mma.sync on each consumer warp's own 16 rows while the wgmmas run: 8 m16n8k16 per tile with
+// P's registers as the A operand (the register A layout of the wgmma is mma.m16n8k16's) and V's
+// columns through ldmatrix.trans; the accumulator is then rescaled with O.
 //
 // Needs sm_90a (wgmma, setmaxnreg): this file is built on its own with 90a in place of 90; the
 // host asks vision_wgmma_available() first. The tensor map comes from the driver
@@ -55,12 +56,14 @@ constexpr int kTileBytes = kBN * kHD * 2;   // 16 KiB: one TMA box, 128 rows of 
 constexpr int kQBoxes = (kBM + kBN - 1) / kBN;
 using Smem = RingSmem<kQBoxes, kStages, kTileBytes>;
 // Head dim 72: columns 64..71 of each tile in boxes of kBN rows x 16 bytes (no swizzle), Q's
-// then (K, V) per stage, 1024 bytes past the barriers.
+// then (K, V) per stage, 1024 bytes past the barriers; then kTailBytes of zeros (S's columns
+// 72..79 of Q and K).
 constexpr int kTailBytes = kBN * 16;
 constexpr int kTailOffset = (kQBoxes + 2 * kStages) * kTileBytes + 1024;
+constexpr int kZeroOffset = kTailOffset + (kQBoxes + 2 * kStages) * kTailBytes;
 template <int HD>
-constexpr int smem_bytes() {  // Q, K/V stages, alignment, barriers (and the tails)
-  return HD == 64 ? Smem::kBytes : kTailOffset + 1024 + (kQBoxes + 2 * kStages) * kTailBytes;
+constexpr int smem_bytes() {  // Q, K/V stages, alignment, barriers (and the tails, the zeros)
+  return HD == 64 ? Smem::kBytes : kZeroOffset + kTailBytes + 1024;
 }
 // Registers per thread after setmaxnreg: 4 x 128 threads at launch get 128 each; the producer
 // gives up 104 of them and the consumers take 32 more (65,536 in all).
@@ -99,11 +102,12 @@ __device__ __forceinline__ void wgmma_s(float (&d)[64], uint64_t desc_a, uint64_
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// d += a (16 x 8 BF16, row) · b (8 x 8 BF16, col) in fp32: mma.m16n8k8.
-__device__ __forceinline__ void mma_m16n8k8(float* d, uint32_t a0, uint32_t a1, uint32_t b) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(b));
+// Shared-memory matrix descriptor of an unswizzled K-major tile whose rows are 16 bytes (8
+// columns): core matrices of 8 rows x 16 bytes, 128 bytes apart down the rows (stride offset);
+// the next 8 columns `lead` bytes from `addr` (leading offset), layout type 0.
+__device__ __forceinline__ uint64_t plain_desc(uint32_t addr, uint32_t lead) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lead & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>(128 >> 4) << 32);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -120,6 +124,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Smem ring(smem_raw);
   // The tails (kTail): Q's kQBoxes boxes, then stage s's K at 2 s and V at 2 s + 1.
   uint8_t* const tails = ring.base + kTailOffset;
+  if constexpr (kTail) {  // the zeros, visible to the wgmmas (async proxy) once init_ring's barrier passes
+    if (threadIdx.x < kTailBytes / 16) {
+      *reinterpret_cast<uint4*>(ring.base + kZeroOffset + threadIdx.x * 16) = make_uint4(0, 0, 0, 0);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+  }
   auto q_tail = [&] { return tails; };
   auto k_tail = [&](int st) { return tails + (kQBoxes + 2 * st) * kTailBytes; };
   auto v_tail = [&](int st) { return tails + (kQBoxes + 2 * st + 1) * kTailBytes; };
@@ -181,18 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[1][32], s[64];
   uint32_t pk[8][4];
   RowSoftmax<64> sm;
-  // kTail: O's columns 64..71 (the m16n8 accumulator of the warp's rows) and Q's columns 64..71
-  // as the m16n8k8 A operand (rows g and g + 8 of the warp's 16, columns 2 t and 2 t + 1).
+  // kTail: O's columns 64..71, the m16n8 accumulator of the warp's rows.
   float ot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint32_t qt[2] = {0u, 0u};
   // Keys past the segment's end in tile j are masked.
   auto softmax = [&](int j, float(&alpha)[2]) {
-    if constexpr (kTail) {  // S += Q[:, 64:72]·K_j[:, 64:72]ᵀ, 8 keys (one m16n8 tile of s) at a time
-      const uint8_t* kt = k_tail(j % kStages);
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-        mma_m16n8k8(s + 4 * n, qt[0], qt[1], *reinterpret_cast<const uint32_t*>(kt + (8 * n + g) * 16 + 4 * t));
-    }
     const int limit = kn - j * kBN;  // keys of tile j inside the segment
     auto visible = [&](int i) { return (i >> 2) * 8 + 2 * t + (i & 1) < limit; };
     sm.step(s, sl, limit < kBN, visible, alpha);
@@ -208,6 +210,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t k_addr = smem_u32(ring.k(stage));
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_s(s, sw128_desc(q_addr + ks * 32), sw128_desc(k_addr + ks * 32), ks);
+    if constexpr (kTail) {  // columns 64..79: the tails, then the zeros
+      const uint32_t qt = smem_u32(q_tail()) + wg * 64 * 16, kt = smem_u32(k_tail(stage)), zero = smem_u32(ring.base + kZeroOffset);
+      wgmma_s(s, plain_desc(qt, zero - qt), plain_desc(kt, zero - kt), 1);
+    }
     wgmma_commit();
   };
   auto issue_o = [&](int stage) {
@@ -226,11 +232,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   mbar_wait(ring.q_full(), 0);
-  if constexpr (kTail) {
-    const uint8_t* qrow = q_tail() + (wg * 64 + (warp & 3) * 16 + g) * 16 + 4 * t;
-    qt[0] = *reinterpret_cast<const uint32_t*>(qrow);
-    qt[1] = *reinterpret_cast<const uint32_t*>(qrow + 8 * 16);
-  }
   consumer_loop<kStages>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
   consumer_last<kStages>(tiles, ring.empty(), o, pk, issue_o);
 
