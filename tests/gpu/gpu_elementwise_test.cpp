@@ -163,7 +163,9 @@ TEST(GpuOps, VisionRope) {
     int64_t n;
     int nh, dh;
   };
-  for (Case c : {Case{1, 16, 64}, Case{7, 2, 72}, Case{300, 3, 80}, Case{5, 1, 6}}) {
+  // Head dims 64 and 80: 8 pairs per thread; 72 (8B): 4; 6 and 20: one (20's half of 10 is no
+  // multiple of 4).
+  for (Case c : {Case{1, 16, 64}, Case{7, 2, 72}, Case{641, 16, 72}, Case{300, 3, 80}, Case{5, 1, 6}, Case{9, 2, 20}}) {
     Scratch s;
     const int64_t width = 3LL * c.nh * c.dh;
     Pair qkv = activation(s, {c.n, width}, random_values(c.n * width));

@@ -157,38 +157,61 @@ __global__ void vision_rope_kernel(bf16* qkv, const float* rope, int64_t rows, i
   }
 }
 
-// The same, 8 pairs per thread (half % 8 == 0): 16-byte loads of x and 4 float4 of the table.
+// The same, V pairs per thread (half % V == 0; V = 8: 16-byte loads of x and 4 float4 pairs of the
+// table, 2B / 4B; V = 4: 8-byte loads and 4 float4, 8B's head dim 72, whose half of 36 is no
+// multiple of 8).
+template <int V>
 __global__ void vision_rope_vec_kernel(bf16* qkv, const float* rope, int64_t rows, int heads, int head_dim) {
+  static_assert(V == 4 || V == 8, "pairs per thread");
+  using Chunk = std::conditional_t<V == 8, uint4, uint2>;  // V BF16
   grid_dep_wait();
   grid_dep_launch();
-  const int half = head_dim / 2, chunks = half / 8;
+  const int half = head_dim / 2, chunks = half / V;
   const int64_t row_width = 3LL * heads * head_dim;
   const int64_t per_row = 2LL * heads * chunks;
   const int64_t total = rows * per_row;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / per_row;
     const int rem = static_cast<int>(i % per_row);
-    const int d = (rem % chunks) * 8, head = rem / chunks;
+    const int d = (rem % chunks) * V, head = rem / chunks;
     bf16* base = qkv + r * row_width + static_cast<int64_t>(head) * head_dim;
     const float* cs = rope + r * 2 * head_dim;
-    float x1[8], x2[8], c1[8], c2[8], s1[8], s2[8], o1[8], o2[8];
-    unpack8(*reinterpret_cast<const uint4*>(base + d), x1);
-    unpack8(*reinterpret_cast<const uint4*>(base + d + half), x2);
-    auto load8 = [](const float* p, float(&f)[8]) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p + 4));
-      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-    };
-    load8(cs + d, c1);
-    load8(cs + d + half, c2);
-    load8(cs + head_dim + d, s1);
-    load8(cs + head_dim + d + half, s2);
+    float x1[V], x2[V], c1[V], c2[V], s1[V], s2[V], o1[V], o2[V];
+    auto unpack = [](const Chunk& c, float(&f)[V]) {
+      const bf162* h = reinterpret_cast<const bf162*>(&c);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
+      for (int e = 0; e < V / 2; ++e) {
+        const float2 v = __bfloat1622float2(h[e]);
+        f[2 * e] = v.x, f[2 * e + 1] = v.y;
+      }
+    };
+    auto pack = [](const float(&f)[V]) {
+      Chunk c;
+      bf162* h = reinterpret_cast<bf162*>(&c);
+#pragma unroll
+      for (int e = 0; e < V / 2; ++e) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
+      return c;
+    };
+    unpack(*reinterpret_cast<const Chunk*>(base + d), x1);
+    unpack(*reinterpret_cast<const Chunk*>(base + d + half), x2);
+    auto load = [](const float* p, float(&f)[V]) {
+#pragma unroll
+      for (int e = 0; e < V; e += 4) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(p + e));
+        f[e] = a.x, f[e + 1] = a.y, f[e + 2] = a.z, f[e + 3] = a.w;
+      }
+    };
+    load(cs + d, c1);
+    load(cs + d + half, c2);
+    load(cs + head_dim + d, s1);
+    load(cs + head_dim + d + half, s2);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
       o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
       o2[e] = x2[e] * c2[e] + x1[e] * s2[e];
     }
-    *reinterpret_cast<uint4*>(base + d) = pack8(o1);
-    *reinterpret_cast<uint4*>(base + d + half) = pack8(o2);
+    *reinterpret_cast<Chunk*>(base + d) = pack(o1);
+    *reinterpret_cast<Chunk*>(base + d + half) = pack(o2);
   }
 }
 
@@ -393,9 +416,17 @@ void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope
   QVL_CHECK_EQ(head_dim % 2, 0);
   QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
   QVL_CHECK_EQ(rope.numel(), qkv.dim(0) * 2 * head_dim);
-  if (head_dim % 16 == 0) {
+  // V pairs per thread where the row, every head and both halves stay V-element aligned.
+  const bool aligned = reinterpret_cast<uintptr_t>(qkv.data) % 16 == 0 && reinterpret_cast<uintptr_t>(rope.data) % 16 == 0;
+  if (aligned && head_dim % 16 == 0) {
     const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 16);
-    launch(ctx, "vision_rope", vision_rope_vec_kernel, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
+    launch(ctx, "vision_rope", vision_rope_vec_kernel<8>, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
+           qkv.as<bf16>(), rope.as<float>(), qkv.dim(0), num_heads, head_dim);
+    return;
+  }
+  if (aligned && head_dim % 8 == 0) {
+    const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 8);
+    launch(ctx, "vision_rope", vision_rope_vec_kernel<4>, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,
            qkv.as<bf16>(), rope.as<float>(), qkv.dim(0), num_heads, head_dim);
     return;
   }
