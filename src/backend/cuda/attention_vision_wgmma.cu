@@ -213,7 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_s(s, sw128_desc(q_addr + ks * 32), sw128_desc(k_addr + ks * 32), ks);
     if constexpr (kTail) {  // columns 64..79: the tails, then the zeros
-      const uint32_t qt = smem_u32(q_tail()) + wg * 64 * 16, kt = smem_u32(k_tail(stage)), zero = smem_u32(ring.base + kZeroOffset);
+      const uint32_t qt = smem_u32(q_tail()) + wg * 64 * 16, kt = smem_u32(k_tail(stage)),
+                     zero = smem_u32(ring.base + kZeroOffset);
       wgmma_s(s, plain_desc(qt, zero - qt), plain_desc(kt, zero - kt), 1);
     }
     wgmma_commit();

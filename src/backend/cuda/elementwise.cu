@@ -417,7 +417,8 @@ void launch_vision_rope(const LaunchContext& ctx, Tensor qkv, const Tensor& rope
   QVL_CHECK_EQ(qkv.row_numel(), 3LL * num_heads * head_dim);
   QVL_CHECK_EQ(rope.numel(), qkv.dim(0) * 2 * head_dim);
   // V pairs per thread where the row, every head and both halves stay V-element aligned.
-  const bool aligned = reinterpret_cast<uintptr_t>(qkv.data) % 16 == 0 && reinterpret_cast<uintptr_t>(rope.data) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(qkv.data) % 16 == 0 && reinterpret_cast<uintptr_t>(rope.data) % 16 == 0;
   if (aligned && head_dim % 16 == 0) {
     const int64_t work = qkv.dim(0) * 2 * num_heads * (head_dim / 16);
     launch(ctx, "vision_rope", vision_rope_vec_kernel<8>, dim3(grid_for(work, 256, ctx.num_sms)), dim3(256), 0,

@@ -45,15 +45,15 @@ bool wgmma::encode_sw128(CUtensorMap* map, int rank, void* base, const cuuint64_
   return encode_bf16_tiles(map, rank, base, dims, strides, box, true, what);
 }
 
-bool wgmma::encode_bf16_tiles(CUtensorMap* map, int rank, void* base, const cuuint64_t* dims,
-                              const cuuint64_t* strides, const cuuint32_t* box, bool sw128, const char* what) {
+bool wgmma::encode_bf16_tiles(CUtensorMap* map, int rank, void* base, const cuuint64_t* dims, const cuuint64_t* strides,
+                              const cuuint32_t* box, bool sw128, const char* what) {
   EncodeTiledFn encode = encode_tiled();
   if (!encode) return false;
   const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), base, dims, strides,
-                            box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), base, dims, strides, box, elem,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, sw128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return true;
   static std::once_flag warned;
   std::call_once(warned, [&] {
