@@ -157,9 +157,9 @@ __global__ void vision_rope_kernel(bf16* qkv, const float* rope, int64_t rows, i
   }
 }
 
-// The same, V pairs per thread (half % V == 0; V = 8: 16-byte loads of x and 4 float4 pairs of the
-// table, 2B / 4B; V = 4: 8-byte loads and 4 float4, 8B's head dim 72, whose half of 36 is no
-// multiple of 8).
+// The same, V pairs per thread (half % V == 0): V = 8 (2B / 4B) loads 16 bytes of x and two float4
+// of each of the table's four slices; V = 4 (8B's head dim 72, whose half of 36 is no multiple of
+// 8) loads 8 bytes and one float4 of each.
 template <int V>
 __global__ void vision_rope_vec_kernel(bf16* qkv, const float* rope, int64_t rows, int heads, int head_dim) {
   static_assert(V == 4 || V == 8, "pairs per thread");
