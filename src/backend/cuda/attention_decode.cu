@@ -47,9 +47,6 @@
 // one for V (a tensor map over the layer's cache in the 128-byte swizzle) where every thread
 // issued 16-byte cp.async for its share: a round's 32 KB in 8 requests instead of 2048, which
 // took the blocks ~1.8 us to issue (bench/RESULTS.md run 35, item 9). The same arithmetic.
-#include <cstdio>
-#include <cstdlib>
-
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_keys.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
@@ -125,8 +122,6 @@ struct DecodeParams {
   // the attention's clusters would (the qkv kernel left out with --skip-kernels).
   const char* exp_w;
   uint32_t exp_wbytes;
-  uint32_t exp_piece;
-  int exp_stages;
 };
 constexpr int kExpStages = 4;
 constexpr uint32_t kExpPiece = 32768;
@@ -321,9 +316,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   uint32_t eshare = 0, ebase = 0;
   int epieces = 0;
   auto eissue = [&](int i) {
-    const uint32_t at = static_cast<uint32_t>(i) * p.exp_piece, n = min(p.exp_piece, eshare - at);
-    mbar_expect_tx(&s_wfull[i % p.exp_stages], n);
-    bulk_load(wring + (i % p.exp_stages) * p.exp_piece, p.exp_w + ebase + at, n, &s_wfull[i % p.exp_stages]);
+    const uint32_t at = static_cast<uint32_t>(i) * kExpPiece, n = min(kExpPiece, eshare - at);
+    mbar_expect_tx(&s_wfull[i % kExpStages], n);
+    bulk_load(wring + (i % kExpStages) * kExpPiece, p.exp_w + ebase + at, n, &s_wfull[i % kExpStages]);
   };
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
@@ -395,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     ebase = b * eshare;
     const uint32_t end = min(p.exp_wbytes, ebase + eshare);
     eshare = end > ebase ? end - ebase : 0;
-    epieces = static_cast<int>((eshare + p.exp_piece - 1) / p.exp_piece);
+    epieces = static_cast<int>((eshare + kExpPiece - 1) / kExpPiece);
   }
 
   // Round 0 without the newest key (ctx - 1), before the wait; then q and the newest key.
@@ -436,25 +431,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   stamp(p, 1);
   if (efuse && threadIdx.x == 0)  // after the keys
-    for (int i = 0; i < min(p.exp_stages, epieces); ++i) eissue(i);
-  // Register mode (exp_stages 0): up to kExpRegs 16-byte loads per thread before the wait.
-  constexpr int kExpRegs = 32;
-  uint4 wr[kExpRegs];
-  const uint4* wsrc = reinterpret_cast<const uint4*>(p.exp_w + ebase);
-  const uint32_t wn16 = eshare / 16;
-  if (efuse && p.exp_stages == 0) {
-#pragma unroll
-    for (int i = 0; i < kExpRegs; ++i) {
-      const uint32_t j = static_cast<uint32_t>(i * kThreads) + threadIdx.x;
-      if (j < wn16) {
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(wr[i].x), "=r"(wr[i].y), "=r"(wr[i].z), "=r"(wr[i].w)
-                     : "l"(wsrc + j));
-      } else {
-        wr[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
+    for (int i = 0; i < min(kExpStages, epieces); ++i) eissue(i);
   // kTma: a block never exits with its boxes in flight.
   auto keys_landed = [&] {
     if constexpr (kTma) {
@@ -519,29 +496,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (lane == 0) s_ss[warp] = ss;
     __syncthreads();
     uint32_t acc = __float_as_uint(s_ss[0] + s_ss[1] + s_ss[2] + s_ss[3]);
-    if (p.exp_stages == 0) {
-#pragma unroll
-      for (int i = 0; i < kExpRegs; ++i) acc ^= wr[i].x ^ wr[i].y ^ wr[i].z ^ wr[i].w;
-      for (uint32_t j = kExpRegs * kThreads + threadIdx.x; j < wn16; j += kThreads) {
-        uint4 v;
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(wsrc + j));
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-    }
-    for (int i = 0; p.exp_stages > 0 && i < epieces; ++i) {
-      mbar_wait(&s_wfull[i % p.exp_stages], (i / p.exp_stages) & 1);
-      const uint32_t n = min(p.exp_piece, eshare - static_cast<uint32_t>(i) * p.exp_piece);
-      const uint4* st = reinterpret_cast<const uint4*>(wring + (i % p.exp_stages) * p.exp_piece);
+    for (int i = 0; i < epieces; ++i) {
+      mbar_wait(&s_wfull[i % kExpStages], (i / kExpStages) & 1);
+      const uint32_t n = min(kExpPiece, eshare - static_cast<uint32_t>(i) * kExpPiece);
+      const uint4* st = reinterpret_cast<const uint4*>(wring + (i % kExpStages) * kExpPiece);
       for (uint32_t j = threadIdx.x; j < n / 16; j += kThreads) {
         const uint4 v = st[j];
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
       }
       __syncthreads();
-      if (threadIdx.x == 0 && i + p.exp_stages < epieces) {
+      if (threadIdx.x == 0 && i + kExpStages < epieces) {
         QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-        eissue(i + p.exp_stages);
+        eissue(i + kExpStages);
       }
     }
     if (acc == 0x9e3779b9u) p.partial[0] = 1.0f;  // keeps the reads
@@ -979,15 +945,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   if (l2.exp_qkv != nullptr && reinterpret_cast<uintptr_t>(l2.exp_qkv) % 16 == 0) {
     p.exp_w = static_cast<const char*>(l2.exp_qkv);
     p.exp_wbytes = static_cast<uint32_t>(l2.exp_qkv_bytes);
-    p.exp_stages = 4;
-    p.exp_piece = kExpPiece;
-    if (const char* e = std::getenv("QVL_EXP_RING")) {  // "stages,KB"
-      int st = 4, kb = 32;
-      if (std::sscanf(e, "%d,%d", &st, &kb) == 2 && st >= 0 && st <= kExpStages && kb >= 1 && kb <= 32) {
-        p.exp_stages = st;
-        p.exp_piece = static_cast<uint32_t>(kb) * 1024u;
-      }
-    }
   }
   for (int r = 0; r < 2; ++r) {
     if (l2.bytes[r] == 0) continue;
@@ -1031,37 +988,10 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
                        inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
-  if (!(tma && hd == 128 && cluster)) p.exp_w = nullptr;
-  const size_t ering = p.exp_w != nullptr && p.exp_stages > 0
-                           ? inbox_offset<128>() + kMaxInboxBytes + static_cast<size_t>(p.exp_stages) * p.exp_piece - smem - inbox
+  const size_t ering = p.exp_w != nullptr && tma && hd == 128
+                           ? inbox_offset<128>() + kMaxInboxBytes + kExpStages * kExpPiece - smem - inbox
                            : 0;
-  if (cluster && std::getenv("QVL_EXP_FUSE")) {  // EXPERIMENT: how many such clusters fit at once
-    static bool told = false;
-    if (!told) {
-      told = true;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(units * static_cast<unsigned>(splits));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = smem + inbox + ering;
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = static_cast<unsigned>(splits);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int n = -1, per_sm = -1, n0 = -1;
-      cudaOccupancyMaxActiveClusters(&n, decode_kernel_for<true>(hd, fp8, tma), &cfg);
-      cfg.dynamicSmemBytes = smem + inbox;
-      cudaOccupancyMaxActiveClusters(&n0, decode_kernel_for<true>(hd, fp8, tma), &cfg);
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_for<true>(hd, fp8, tma), kThreads,
-                                                    smem + inbox + ering);
-      std::fprintf(stderr, "EXP: grid %u, cluster %d, smem %zu (ring %zu, %d x %u): max active clusters %d (%d without the ring), blocks/SM %d\n",
-                   units * static_cast<unsigned>(splits), splits, smem + inbox + ering, ering, p.exp_stages,
-                   p.exp_piece, n, n0, per_sm);
-      cudaGetLastError();
-    }
-  }
+  if (p.exp_w != nullptr && ering == 0) p.exp_w = nullptr;
   if (cluster)
     launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8, tma),
                      dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox + ering, p);
