@@ -116,15 +116,7 @@ struct DecodeParams {
   // their first keys are issued. bytes 0: none.
   const char* l2_data[2];
   uint32_t l2_bytes[2];
-  // EXPERIMENT (QVL_EXP_FUSE, timing only): the block streams its share of the layer's qkv weight
-  // through a ring of kExpStages x 32 KB (bulk copies, the first stages before the PDL wait),
-  // reads a 4 KB row after the wait and reduces it, then meets its cluster, as a qkv GEMV inside
-  // the attention's clusters would (the qkv kernel left out with --skip-kernels).
-  const char* exp_w;
-  uint32_t exp_wbytes;
 };
-constexpr int kExpStages = 4;
-constexpr uint32_t kExpPiece = 32768;
 
 // This block's share of each region of p.l2_data, asked of L2 in bulk prefetches of at most
 // 64 KB, spread over threads tid of nthreads.
@@ -310,21 +302,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (threadIdx.x == 0) mbar_init_cluster(&s_inbox_bar);
     cluster_arrive_relaxed();
   }
-  __shared__ uint64_t s_wfull[kExpStages];
-  const bool efuse = kTma && kCluster && p.exp_w != nullptr;
-  char* wring = smem + inbox_offset<HD>() + kMaxInboxBytes;  // past the largest inbox, 16-aligned
-  uint32_t eshare = 0, ebase = 0;
-  int epieces = 0;
-  auto eissue = [&](int i) {
-    const uint32_t at = static_cast<uint32_t>(i) * kExpPiece, n = min(kExpPiece, eshare - at);
-    mbar_expect_tx(&s_wfull[i % kExpStages], n);
-    bulk_load(wring + (i % kExpStages) * kExpPiece, p.exp_w + ebase + at, n, &s_wfull[i % kExpStages]);
-  };
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) mbar_init(&s_keys[s], 1);
-      if (efuse)
-        for (int s = 0; s < kExpStages; ++s) mbar_init(&s_wfull[s], 1);
       mbar_init_fence();
     }
     __syncthreads();
@@ -382,16 +362,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     return;
   }
   const int nrounds = (k_end - k_begin + kRound - 1) / kRound;
-  if (efuse) {  // this block's share among the active splits' blocks
-    const int act = active_splits(ctx, len, p.splits);
-    const uint32_t blocks = static_cast<uint32_t>(gridDim.x / p.splits * act);
-    const uint32_t b = static_cast<uint32_t>(unit * act + split);
-    eshare = ((p.exp_wbytes + blocks - 1) / blocks + 15u) & ~15u;
-    ebase = b * eshare;
-    const uint32_t end = min(p.exp_wbytes, ebase + eshare);
-    eshare = end > ebase ? end - ebase : 0;
-    epieces = static_cast<int>((eshare + kExpPiece - 1) / kExpPiece);
-  }
 
   // Round 0 without the newest key (ctx - 1), before the wait; then q and the newest key.
   const int newest = ctx - 1;
@@ -430,8 +400,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (nrounds == 1) prefetch_l2(p, threadIdx.x, kThreads);  // a later round's keys would queue behind it
   }
   stamp(p, 1);
-  if (efuse && threadIdx.x == 0)  // after the keys
-    for (int i = 0; i < min(kExpStages, epieces); ++i) eissue(i);
   // kTma: a block never exits with its boxes in flight.
   auto keys_landed = [&] {
     if constexpr (kTma) {
@@ -482,36 +450,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   grid_dep_wait();
   if (p.trigger == 0) grid_dep_launch();
   stamp(p, 2);
-  if (efuse) {
-    // The row (4 KB from L2, as the RMSNorm prologue reads it) and its sum of squares.
-    __shared__ float s_ss[kWarps];
-    const uint4* xr = reinterpret_cast<const uint4*>(p.out);
-    const uint4 xa = __ldcg(xr + threadIdx.x), xb = __ldcg(xr + kThreads + threadIdx.x);
-    float f[8], ss = 0.0f;
-    unpack8(xa, f);
-    for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
-    unpack8(xb, f);
-    for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
-    ss = warp_sum(ss);
-    if (lane == 0) s_ss[warp] = ss;
-    __syncthreads();
-    uint32_t acc = __float_as_uint(s_ss[0] + s_ss[1] + s_ss[2] + s_ss[3]);
-    for (int i = 0; i < epieces; ++i) {
-      mbar_wait(&s_wfull[i % kExpStages], (i / kExpStages) & 1);
-      const uint32_t n = min(kExpPiece, eshare - static_cast<uint32_t>(i) * kExpPiece);
-      const uint4* st = reinterpret_cast<const uint4*>(wring + (i % kExpStages) * kExpPiece);
-      for (uint32_t j = threadIdx.x; j < n / 16; j += kThreads) {
-        const uint4 v = st[j];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0 && i + kExpStages < epieces) {
-        QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-        eissue(i + kExpStages);
-      }
-    }
-    if (acc == 0x9e3779b9u) p.partial[0] = 1.0f;  // keeps the reads
-  }
   if (p.debug_exit == 1 || p.debug_exit == 7) {
     keys_landed();
     return;
@@ -826,8 +764,7 @@ void configure_one() {
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(decode_smem_bytes<HD>())));
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes +
-                                                       (HD == 128 && kTma ? kExpStages * kExpPiece : 0))));
+                                      static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes)));
 }
 
 // The layer's cache as TMA boxes of 16 rows of one kv head (DecodeParams::kv_map), or false
@@ -942,10 +879,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   p.trace = ctx.decode_trace;
   p.trigger = trigger;
   p.layer = layer;
-  if (l2.exp_qkv != nullptr && reinterpret_cast<uintptr_t>(l2.exp_qkv) % 16 == 0) {
-    p.exp_w = static_cast<const char*>(l2.exp_qkv);
-    p.exp_wbytes = static_cast<uint32_t>(l2.exp_qkv_bytes);
-  }
   for (int r = 0; r < 2; ++r) {
     if (l2.bytes[r] == 0) continue;
     QVL_CHECK(reinterpret_cast<uintptr_t>(l2.data[r]) % 16 == 0 && l2.bytes[r] % 16 == 0 && l2.bytes[r] < (1u << 31))
@@ -988,13 +921,9 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
                        inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
-  const size_t ering = p.exp_w != nullptr && tma && hd == 128
-                           ? inbox_offset<128>() + kMaxInboxBytes + kExpStages * kExpPiece - smem - inbox
-                           : 0;
-  if (p.exp_w != nullptr && ering == 0) p.exp_w = nullptr;
   if (cluster)
     launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8, tma),
-                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox + ering, p);
+                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox, p);
   else
     launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8, tma),
            dim3(units, static_cast<unsigned>(splits)), dim3(kThreads), smem, p);

@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -402,8 +401,8 @@ bool CudaBackend::decoder_stack(Tensor x, const DecoderStack& stack, const TextB
 void CudaBackend::note_decode_layers(const DecoderStack& stack) {
   l2_prefetch_.assign(stack.layers.size(), {});
   for (size_t l = 0; l < stack.layers.size(); ++l) {
-    const LinearWeight* w[3] = {stack.layers[l].gate_up, stack.layers[l].down, stack.layers[l].qkv};
-    for (int r = 0; r < 3; ++r)
+    const LinearWeight* w[2] = {stack.layers[l].gate_up, stack.layers[l].down};
+    for (int r = 0; r < 2; ++r)
       if (w[r] && w[r]->parts.size() == 1 && w[r]->parts[0].weight.device == Device::kCuda)
         l2_prefetch_[l][r] = {w[r]->parts[0].weight.data, static_cast<size_t>(w[r]->parts[0].weight.nbytes())};
   }
@@ -413,10 +412,6 @@ cuda::DecodeL2Prefetch CudaBackend::decode_l2_prefetch(int layer, int num_seqs) 
   cuda::DecodeL2Prefetch l2;
   const int64_t option = options_.decode_l2_prefetch_bytes;
   const bool by_default = option < 0 && num_seqs == 1 && measured_arch();
-  if (std::getenv("QVL_EXP_FUSE") && num_seqs == 1 && layer >= 0 && static_cast<size_t>(layer) < l2_prefetch_.size()) {
-    l2.exp_qkv = l2_prefetch_[layer][2].first;
-    l2.exp_qkv_bytes = l2_prefetch_[layer][2].second;
-  }
   if ((option <= 0 && !by_default) || info_.compute_capability < 90 || layer < 0 ||
       static_cast<size_t>(layer) >= l2_prefetch_.size())
     return l2;

@@ -264,7 +264,7 @@ class CudaBackend final : public Backend {
   // Per text layer, the gate_up and down_proj weights the decode attention of that layer asks
   // L2 for (CudaBackendOptions::decode_l2_prefetch_bytes), from the model's decoder_stack call;
   // empty until one. Only weights this backend loaded, which live as long as it does.
-  std::vector<std::array<std::pair<const void*, size_t>, 3>> l2_prefetch_;
+  std::vector<std::array<std::pair<const void*, size_t>, 2>> l2_prefetch_;
   void note_decode_layers(const DecoderStack& stack);
   // Compute capability 9.x (H100, H200): where the decode defaults that depend on the device
   // (the wide FP8 kernel, FP8 gate_up's ring, the L2 prefetch) were measured.

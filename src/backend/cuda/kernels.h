@@ -299,8 +299,6 @@ struct DecodeStepTable {
 struct DecodeL2Prefetch {
   const void* data[2] = {nullptr, nullptr};
   size_t bytes[2] = {0, 0};
-  const void* exp_qkv = nullptr;  // EXPERIMENT (QVL_EXP_FUSE): the layer's qkv weight, streamed by the attention
-  size_t exp_qkv_bytes = 0;
 };
 // trigger: when a block lets the next kernel launch (CudaBackendOptions::decode_attention_
 // trigger, 0..3). Returns the step table mode it used (0 where the table does not apply: no
