@@ -124,17 +124,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kTail = HD == 72;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem ring(smem_raw);
-  // The tails (kTail): Q's kQBoxes boxes, then stage s's K at 2 s and V at 2 s + 1.
-  uint8_t* const tails = ring.base + kTailOffset;
+  // The tails (kTail): Q's kQBoxes boxes (q_tail), then stage s's K at 2 s and V at 2 s + 1.
+  uint8_t* const q_tail = ring.base + kTailOffset;
   if constexpr (kTail) {  // the zeros, visible to the wgmmas (async proxy) once init_ring's barrier passes
     if (threadIdx.x < kTailBytes / 16) {
       *reinterpret_cast<uint4*>(ring.base + kZeroOffset + threadIdx.x * 16) = make_uint4(0, 0, 0, 0);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
   }
-  auto q_tail = [&] { return tails; };
-  auto k_tail = [&](int st) { return tails + (kQBoxes + 2 * st) * kTailBytes; };
-  auto v_tail = [&](int st) { return tails + (kQBoxes + 2 * st + 1) * kTailBytes; };
+  auto k_tail = [&](int st) { return q_tail + (kQBoxes + 2 * st) * kTailBytes; };
+  auto v_tail = [&](int st) { return q_tail + (kQBoxes + 2 * st + 1) * kTailBytes; };
   constexpr uint32_t kBoxBytes = kTileBytes + (kTail ? kTailBytes : 0);  // a (main, tail) box pair
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_expect_tx(ring.q_full(), kQBoxes * kBoxBytes);
       for (int b = 0; b < kQBoxes; ++b) {
         tma_load_2d(ring.q() + b * kTileBytes, &map, head * HD, q0 + b * kBN, ring.q_full());
-        if constexpr (kTail) tma_load_2d(q_tail() + b * kTailBytes, &tail, head * HD + 64, q0 + b * kBN, ring.q_full());
+        if constexpr (kTail) tma_load_2d(q_tail + b * kTailBytes, &tail, head * HD + 64, q0 + b * kBN, ring.q_full());
       }
       for (int j = 0; j < tiles; ++j) {
         const int s = j % kStages;
@@ -213,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) wgmma_s(s, sw128_desc(q_addr + ks * 32), sw128_desc(k_addr + ks * 32), ks);
     if constexpr (kTail) {  // columns 64..79: the tails, then the zeros
-      const uint32_t qt = smem_u32(q_tail()) + wg * 64 * 16, kt = smem_u32(k_tail(stage)),
+      const uint32_t qt = smem_u32(q_tail) + wg * 64 * 16, kt = smem_u32(k_tail(stage)),
                      zero = smem_u32(ring.base + kZeroOffset);
       wgmma_s(s, plain_desc(qt, zero - qt), plain_desc(kt, zero - kt), 1);
     }

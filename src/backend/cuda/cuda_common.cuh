@@ -324,21 +324,32 @@ struct alignas(16) Bf16x8 {
   bf162 h[4];
 };
 
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+// N BF16 in a vector of N * 2 bytes (uint2: 4, uint4: 8) to and from floats, round to nearest.
+template <int N, class Vec>
+__device__ __forceinline__ void unpack_bf16(const Vec& v, float (&f)[N]) {
+  static_assert(sizeof(Vec) == 2 * N, "N BF16");
   const bf162* h = reinterpret_cast<const bf162*>(&v);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N / 2; ++i) {
     float2 p = __bfloat1622float2(h[i]);
     f[2 * i] = p.x;
     f[2 * i + 1] = p.y;
   }
 }
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint4 v;
+template <class Vec, int N>
+__device__ __forceinline__ Vec pack_bf16(const float (&f)[N]) {
+  static_assert(sizeof(Vec) == 2 * N, "N BF16");
+  Vec v;
   bf162* h = reinterpret_cast<bf162*>(&v);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  for (int i = 0; i < N / 2; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
   return v;
+}
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  unpack_bf16<8>(v, f);
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  return pack_bf16<uint4>(f);
 }
 
 // FP8 E4M3 (torch.float8_e4m3fn) -> float, exact: the 7 magnitude bits placed into a float's

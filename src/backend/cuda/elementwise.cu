@@ -177,23 +177,8 @@ __global__ void vision_rope_vec_kernel(bf16* qkv, const float* rope, int64_t row
     bf16* base = qkv + r * row_width + static_cast<int64_t>(head) * head_dim;
     const float* cs = rope + r * 2 * head_dim;
     float x1[V], x2[V], c1[V], c2[V], s1[V], s2[V], o1[V], o2[V];
-    auto unpack = [](const Chunk& c, float(&f)[V]) {
-      const bf162* h = reinterpret_cast<const bf162*>(&c);
-#pragma unroll
-      for (int e = 0; e < V / 2; ++e) {
-        const float2 v = __bfloat1622float2(h[e]);
-        f[2 * e] = v.x, f[2 * e + 1] = v.y;
-      }
-    };
-    auto pack = [](const float(&f)[V]) {
-      Chunk c;
-      bf162* h = reinterpret_cast<bf162*>(&c);
-#pragma unroll
-      for (int e = 0; e < V / 2; ++e) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
-      return c;
-    };
-    unpack(*reinterpret_cast<const Chunk*>(base + d), x1);
-    unpack(*reinterpret_cast<const Chunk*>(base + d + half), x2);
+    unpack_bf16<V>(*reinterpret_cast<const Chunk*>(base + d), x1);
+    unpack_bf16<V>(*reinterpret_cast<const Chunk*>(base + d + half), x2);
     auto load = [](const float* p, float(&f)[V]) {
 #pragma unroll
       for (int e = 0; e < V; e += 4) {
@@ -210,8 +195,8 @@ __global__ void vision_rope_vec_kernel(bf16* qkv, const float* rope, int64_t row
       o1[e] = x1[e] * c1[e] - x2[e] * s1[e];
       o2[e] = x2[e] * c2[e] + x1[e] * s2[e];
     }
-    *reinterpret_cast<Chunk*>(base + d) = pack(o1);
-    *reinterpret_cast<Chunk*>(base + d + half) = pack(o2);
+    *reinterpret_cast<Chunk*>(base + d) = pack_bf16<Chunk>(o1);
+    *reinterpret_cast<Chunk*>(base + d + half) = pack_bf16<Chunk>(o2);
   }
 }
 
