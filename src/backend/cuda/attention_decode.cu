@@ -62,11 +62,7 @@ using decode_prepare::PrepNorm;
 
 using namespace decode_keys;  // the key rounds (attention_decode_keys.cuh)
 constexpr int kMaxGroup = 8;  // query heads per kv head (the mma's N)
-// Key-round stages: two for cp.async rounds (the loop waits on all but the newest group); TMA
-// rounds take 2..kMaxStages, chosen per launch (tma_stages): a block then has stages - 1 rounds in
-// flight while it works on one.
-constexpr int kCpStages = 2;
-constexpr int kMaxStages = 6;
+constexpr int kStages = 2;
 constexpr int kMaxClusterSplits = 16;  // the largest decode cluster (configure_decode_attention)
 
 struct DecodeParams {
@@ -82,7 +78,6 @@ struct DecodeParams {
   const int32_t* page_table;
   CacheGeometry cache;
   int max_pages, hq, hkv, splits;
-  int stages;  // kTma: key-round stages (2..kMaxStages; tma_stages)
   float scale_log2;
   // Fused q/k-norm + M-RoPE + K/V store (text_qkv_prepare) of the step's new rows; else the
   // rows' q is already rotated in qkv and their K/V are in the cache.
@@ -162,17 +157,11 @@ __device__ __forceinline__ void stamp_unit(const DecodeParams& p, int unit) {
   if (unsigned long long* slot = trace_slot(p)) slot[kDecodeTraceUnit] = static_cast<unsigned long long>(unit) + 1;
 }
 
-// The stages: cp.async ones of (K, V) x keys x pitch, or TMA ones from the first 1024-aligned
-// byte (up to 1023 bytes of padding before them).
 template <int HD>
-__host__ __device__ constexpr int stage_region_bytes(bool tma, int stages) {
-  return tma ? 1024 + stages * tma_stage_bytes<HD>() : kCpStages * 2 * kRound * pitch<HD>();
-}
-template <int HD>
-__host__ __device__ constexpr size_t decode_smem_bytes(bool tma, int stages) {
-  // the stages, then q [8][pitch], the newest key's K and V [2][pitch], then P [warps][8 heads][16
-  // keys + 8]
-  return static_cast<size_t>(stage_region_bytes<HD>(tma, stages)) + (kMaxGroup + 2) * pitch<HD>() +
+constexpr size_t decode_smem_bytes() {
+  // stages x (K, V) x keys x pitch, then q [8][pitch], the newest key's K and V [2][pitch],
+  // then P [warps][8 heads][16 keys + 8]
+  return static_cast<size_t>(kStages) * 2 * kRound * pitch<HD>() + (kMaxGroup + 2) * pitch<HD>() +
          kWarps * kMaxGroup * 24 * sizeof(bf16);
 }
 
@@ -201,8 +190,8 @@ inline size_t inbox_bytes(int group, int hd, int splits) {
 constexpr size_t kMaxInboxBytes =
     static_cast<size_t>(kMaxGroup * 128 + 4 * kDecodeMaxSplits + kDecodeMaxSplits * 2 * kMaxGroup) * sizeof(float);
 template <int HD>
-__host__ __device__ constexpr size_t inbox_offset(bool tma, int stages) {
-  return (decode_smem_bytes<HD>(tma, stages) + 15) / 16 * 16;
+constexpr size_t inbox_offset() {
+  return (decode_smem_bytes<HD>() + 15) / 16 * 16;
 }
 
 // The block's merge of its warps' O: [warp][head][red_pitch] floats at the start of the (then
@@ -229,9 +218,9 @@ constexpr int wsplit_offset() {  // floats
 template <int HD>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
                                               int row, int kvh, int group, int rank, int active, int warp, int lane) {
-  static_assert((wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <=
-                    (stage_region_bytes<HD>(false, kCpStages) < stage_region_bytes<HD>(true, 2) ? stage_region_bytes<HD>(false, kCpStages) : stage_region_bytes<HD>(true, 2)),
-                "the warps' O and the split weights fit in the stages");
+  static_assert(
+      (wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
+      "the warps' O and the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
   if (i0 >= i1) return;  // no outputs here, nothing sent here
@@ -275,19 +264,20 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 template <int HD, bool kFp8, bool kCluster, bool kTma>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(!(kFp8 && kTma), "TMA copies the cache's bytes: BF16 only");
+  static_assert(1023 + kStages * tma_stage_bytes<HD>() <= kStages * 2 * kRound * pitch<HD>(),
+                "TMA stages fit where the padded stages lie, from the first 1024-aligned byte");
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
   constexpr int kStageBytes = stage_bytes<HD, kTma>();
   extern __shared__ __align__(16) char smem[];
   // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte
-  const int stages = kTma ? p.stages : kCpStages;
   char* kv = kTma ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
-  char* qs = smem + stage_region_bytes<HD>(kTma, stages);      // [8 heads][pitch]
+  char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
   __shared__ bool s_last;
   __shared__ uint64_t s_inbox_bar;      // kCluster: counts the bytes the peers push into the inbox
-  __shared__ uint64_t s_keys[kMaxStages];  // kTma: a stage's boxes landed (parity: its use count)
+  __shared__ uint64_t s_keys[kStages];  // kTma: a stage's boxes landed (parity: its use count)
   // The warps' running max and sum per head once their keys are done, over each warp's own P
   // buffer (idle by then): shared memory stays within three blocks per multiprocessor with the
   // cluster merge's inbox.
@@ -314,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   }
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
-      for (int s = 0; s < stages; ++s) mbar_init(&s_keys[s], 1);
+      for (int s = 0; s < kStages; ++s) mbar_init(&s_keys[s], 1);
       mbar_init_fence();
     }
     __syncthreads();
@@ -366,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (p.debug_exit != 0) return;
     if constexpr (kCluster) {
       cluster_wait();
-      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>(kTma, stages)), &s_inbox_bar,
+      cluster_merge<HD>(p, smem, reinterpret_cast<const float*>(smem + inbox_offset<HD>()), &s_inbox_bar,
                         p.query_start[seq], kvh, group, split, active_splits(ctx, len, p.splits), warp, lane);
     }
     return;
@@ -385,14 +375,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     // Thread 0 issues the round; the step table's pages were loaded by warp 0's first lanes.
     if (warp == 0) {
       __syncwarp();
-      if (r0 > 0 && p.debug_exit != 7 && lane == 0) {
+      if (r0 > 0 && p.debug_exit != 7 && lane == 0)
         tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], p.step_mode == 2 ? s_desc + 1 : nullptr);
-        // Rounds 1 .. stages - 2 too, where the split has them (old keys, like round 0).
-        for (int q = 1; q < min(stages - 1, nrounds); ++q) {
-          const int kq = k_begin + q * kRound;
-          tma_round<HD>(p, kv + q * kStageBytes, pt, kvh, kq, min(kRound, k_end - kq), &s_keys[q]);
-        }
-      }
       __syncwarp();
       // The prefetch after the keys, by the warp that issued them (see below).
       if (nrounds == 1) prefetch_l2(p, lane, 32);
@@ -419,8 +403,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // kTma: a block never exits with its boxes in flight.
   auto keys_landed = [&] {
     if constexpr (kTma) {
-      if (r0 > 0 && p.debug_exit != 7)
-        for (int q = 0; q < min(stages - 1, nrounds); ++q) mbar_wait(&s_keys[q], 0);
+      if (r0 > 0 && p.debug_exit != 7) mbar_wait(&s_keys[0], 0);
     } else {
       cp_async_wait<0>();
     }
@@ -518,17 +501,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   for (int r = 0; r < nrounds; ++r) {
     const int k0 = k_begin + r * kRound;
-    char* const kst = kv + (r % stages) * kStageBytes;
-    // The round that goes into the stage the previous round used.
-    const int ahead = r + stages - 1;
-    if (ahead < nrounds) {
-      const int k1 = k_begin + ahead * kRound;
-      char* next = kv + (ahead % stages) * kStageBytes;
+    char* const kst = kv + (r % kStages) * kStageBytes;
+    if (r + 1 < nrounds) {
+      const int k1 = k0 + kRound;
+      char* next = kv + ((r + 1) % kStages) * kStageBytes;
       if constexpr (kTma) {
         if (threadIdx.x == 0) {
-          // The block's reads and writes of this stage (the previous round) come before the boxes.
+          // The block's reads and writes of this stage (two rounds ago) come before the boxes.
           QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-          tma_round<HD>(p, next, pt, kvh, k1, min(kRound, k_end - k1), &s_keys[ahead % stages]);
+          tma_round<HD>(p, next, pt, kvh, k1, min(kRound, k_end - k1), &s_keys[(r + 1) % kStages]);
         }
       } else {
         if constexpr (kFp8)
@@ -539,7 +520,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
     if constexpr (kTma) {
-      mbar_wait(&s_keys[r % stages], (r / stages) & 1);
+      mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
       if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
     } else {
       cp_async_commit();
@@ -658,7 +639,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
   }
   __syncthreads();
-  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>(kTma, stages));
+  float* inbox = reinterpret_cast<float*>(smem + inbox_offset<HD>());
   const int per = kCluster ? merge_per(group, HD, p.splits) : 0;
   if constexpr (kCluster) {
     cluster_wait();  // every block of the cluster has started
@@ -780,27 +761,10 @@ auto decode_kernel_for(int hd, bool fp8, bool tma) {
 
 template <int HD, bool kFp8, bool kTma>
 void configure_one() {
-  const int stages = kTma ? kMaxStages : kCpStages;
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, false, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(decode_smem_bytes<HD>(kTma, stages))));
+                                      static_cast<int>(decode_smem_bytes<HD>())));
   QVL_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<HD, kFp8, true, kTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(inbox_offset<HD>(kTma, stages) + kMaxInboxBytes)));
-}
-
-// Shared memory per multiprocessor (configure_decode_attention), for tma_stages.
-int g_smem_per_sm = 0;
-
-// Key-round stages of a TMA launch of `blocks` blocks: the most (up to `cap`, kMaxStages) that
-// still let every block be resident at once, since the blocks per multiprocessor bound the rounds
-// in flight as much as the stages do. `extra`: the shared memory past the stages (the inbox).
-template <int HD>
-int tma_stages(int blocks, int num_sms, int cap, size_t extra) {
-  const int per_sm = (blocks + num_sms - 1) / std::max(1, num_sms);
-  for (int s = std::clamp(cap, 2, kMaxStages); s > 2; --s) {
-    const size_t block = inbox_offset<HD>(true, s) + extra + 1024;  // the runtime reserves 1 KB a block
-    if (static_cast<size_t>(per_sm) * block <= static_cast<size_t>(g_smem_per_sm)) return s;
-  }
-  return 2;
+                                      static_cast<int>(inbox_offset<HD>() + kMaxInboxBytes)));
 }
 
 // The layer's cache as TMA boxes of 16 rows of one kv head (DecodeParams::kv_map), or false
@@ -839,9 +803,6 @@ int configure_decode_attention(bool clusters) {
   configure_one<128, true, false>();
   configure_one<64, false, true>();
   configure_one<128, false, true>();
-  int device = 0;
-  QVL_CUDA_CHECK(cudaGetDevice(&device));
-  QVL_CUDA_CHECK(cudaDeviceGetAttribute(&g_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   if (!clusters) return 0;
   // Clusters of up to kMaxClusterSplits splits where the device can hold one (the shared memory
   // of the largest head dim decides), else the portable 8.
@@ -851,7 +812,7 @@ int configure_decode_attention(bool clusters) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(kMaxClusterSplits);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = inbox_offset<128>(false, kCpStages) + kMaxInboxBytes;
+    cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = kMaxClusterSplits;
@@ -956,18 +917,13 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   const bool fp8 = cache.dtype == DType::kF8E4M3;
   const bool tma = ctx.decode_tma && encode_kv_map(&p.kv_map, cache, p.cache, hd);
   if (tma && ctx.decode_tma_launches) ++*ctx.decode_tma_launches;
-  const unsigned blocks = units * static_cast<unsigned>(splits);
-  const size_t box = cluster ? inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits) : 0;
-  p.stages = !tma         ? kCpStages
-             : hd == 64 ? tma_stages<64>(static_cast<int>(blocks), ctx.num_sms, ctx.decode_stages, box)
-                        : tma_stages<128>(static_cast<int>(blocks), ctx.num_sms, ctx.decode_stages, box);
-  if (tma && ctx.decode_tma_stages) *ctx.decode_tma_stages = std::max<int64_t>(*ctx.decode_tma_stages, p.stages);
-  const size_t smem = hd == 64 ? decode_smem_bytes<64>(tma, p.stages) : decode_smem_bytes<128>(tma, p.stages);
-  const size_t inbox = (hd == 64 ? inbox_offset<64>(tma, p.stages) : inbox_offset<128>(tma, p.stages)) - smem + box;
+  const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
+  const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
+                       inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);
   // A cluster takes the splits of a (sequence, kv head) as consecutive blocks along x.
   if (cluster)
     launch_clustered(ctx, "text_decode_attention", static_cast<unsigned>(splits), decode_kernel_for<true>(hd, fp8, tma),
-                     dim3(blocks), dim3(kThreads), smem + inbox, p);
+                     dim3(units * static_cast<unsigned>(splits)), dim3(kThreads), smem + inbox, p);
   else
     launch(ctx, "text_decode_attention", decode_kernel_for<false>(hd, fp8, tma),
            dim3(units, static_cast<unsigned>(splits)), dim3(kThreads), smem, p);

@@ -164,11 +164,6 @@ struct CudaBackendOptions {
   // tokens come through TMA, a box of 16 keys per request issued by one thread, instead of
   // 16-byte cp.async from every thread (attention_decode.cu). The same bits either way.
   bool decode_attention_tma = true;
-  // Decode attention through TMA: at most this many key-round stages per block (2..6), fewer where
-  // the launch's blocks would not all be resident at once. A split of a long context then has
-  // stages - 1 rounds of 64 keys in flight; with two, one round (32 KB at head dim 128) is all a
-  // multiprocessor has in flight at one block. The same bits for any count.
-  int decode_attention_stages = 4;
   // Decode Linears through the bulk-copy ring (sm_90+) with an RMSNorm or SiLU·mul prologue: one
   // stage of weights per block goes out before the PDL wait and the others once the prologue is
   // done, instead of all of them before the wait. The prologue's row is then not read behind the
@@ -393,7 +388,6 @@ struct CudaFp8GemmCounts {
   int64_t skinny_early = 0;         // decode Linears that let the next kernel launch before their wait
   int64_t decode_l2_prefetch = 0;   // decode attentions launched with weights to ask L2 for
   int64_t decode_tma = 0;           // decode attentions whose key rounds came through TMA
-  int64_t decode_tma_stages = 0;    // the most key-round stages such a launch took
   int64_t ring_prologue_first = 0;  // ring Linears that held stages back until their prologue was done
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
