@@ -101,7 +101,6 @@ struct BenchOptions {
   int decode_split_blocks = 0;           // A/B: decode attention split blocks (0: the default)
   bool no_decode_cluster_merge = false;  // A/B: decode attention splits merged by the last to arrive
   bool no_decode_attention_tma = false;  // A/B: decode attention keys by cp.async instead of TMA
-  int decode_attention_prefetch_rounds = -1;  // A/B: TMA key rounds asked of L2 ahead (-1: the default)
   bool no_ring_prologue_first = false;   // A/B: ring Linears issue every stage before their PDL wait
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
   std::string skip_kernels;              // measurement only: launches left out
@@ -182,7 +181,6 @@ Status run_bench(const BenchOptions& o) {
     opts.decode_split_blocks = o.decode_split_blocks;
     opts.decode_cluster_merge = !o.no_decode_cluster_merge;
     opts.decode_attention_tma = !o.no_decode_attention_tma;
-    if (o.decode_attention_prefetch_rounds >= 0) opts.decode_attention_prefetch_rounds = o.decode_attention_prefetch_rounds;
     opts.ring_prologue_first = !o.no_ring_prologue_first;
     opts.skip_kernels = o.skip_kernels;
     opts.decode_attention_exit = o.decode_attention_exit;
@@ -576,7 +574,6 @@ Status run_bench(const BenchOptions& o) {
                           {"skinny_early_launches", f.skinny_early},
                           {"decode_l2_prefetches", f.decode_l2_prefetch},
                           {"decode_tma_launches", f.decode_tma},
-                          {"decode_tma_prefetch_launches", f.decode_tma_prefetch},
                           {"ring_prologue_first_launches", f.ring_prologue_first}};
   }
 #endif
@@ -711,10 +708,6 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                "in a thread-block cluster");
   app.add_flag("--no-decode-attention-tma", o->no_decode_attention_tma,
                "CUDA A/B: decode attention key rounds by cp.async from every thread instead of TMA boxes");
-  app.add_option("--decode-attention-prefetch-rounds", o->decode_attention_prefetch_rounds,
-                 "CUDA A/B: decode attention key rounds (TMA) asked of L2 ahead of the next one (0: none; default: "
-                 "CudaBackendOptions::decode_attention_prefetch_rounds)")
-      ->check(CLI::Range(0, 64));
   app.add_flag("--no-ring-prologue-first", o->no_ring_prologue_first,
                "CUDA A/B: decode Linears through the bulk-copy ring issue every stage of weights before their PDL "
                "wait, also where a prologue reads its row after it");

@@ -78,9 +78,6 @@ struct DecodeParams {
   const int32_t* page_table;
   CacheGeometry cache;
   int max_pages, hq, hkv, splits;
-  // kTma: rounds asked of L2 ahead of the one the stages load next (0: none;
-  // CudaBackendOptions::decode_attention_prefetch_rounds).
-  int prefetch_rounds;
   float scale_log2;
   // Fused q/k-norm + M-RoPE + K/V store (text_qkv_prepare) of the step's new rows; else the
   // rows' q is already rotated in qkv and their K/V are in the cache.
@@ -514,11 +511,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
           QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
           tma_round<HD>(p, next, pt, kvh, k1, min(kRound, k_end - k1), &s_keys[(r + 1) % kStages]);
         }
-        // Rounds ahead to L2: at r = 0 every one up to prefetch_rounds past round 1, then one a
-        // round (their page lookups overlap the wait for this round's keys).
-        const int ahead = r + 1 + p.prefetch_rounds;
-        for (int q = r == 0 ? 2 : ahead; p.prefetch_rounds > 0 && q <= min(ahead, nrounds - 1); ++q)
-          prefetch_round_l2<HD>(p, pt, kvh, k_begin + q * kRound, min(kRound, k_end - k_begin - q * kRound));
       } else {
         if constexpr (kFp8)
           load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
@@ -925,8 +917,6 @@ int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Ten
   const bool fp8 = cache.dtype == DType::kF8E4M3;
   const bool tma = ctx.decode_tma && encode_kv_map(&p.kv_map, cache, p.cache, hd);
   if (tma && ctx.decode_tma_launches) ++*ctx.decode_tma_launches;
-  p.prefetch_rounds = tma ? ctx.decode_prefetch_rounds : 0;
-  if (p.prefetch_rounds > 0 && ctx.decode_prefetch_launches) ++*ctx.decode_prefetch_launches;
   const size_t smem = hd == 64 ? decode_smem_bytes<64>() : decode_smem_bytes<128>();
   const size_t inbox = (hd == 64 ? inbox_offset<64>() : inbox_offset<128>()) - smem +
                        inbox_bytes(shape.num_q_heads / shape.num_kv_heads, hd, splits);

@@ -161,22 +161,6 @@ __device__ __forceinline__ void tma_round(const Params& p, char* stage, const in
   }
 }
 
-// Asks L2 for the K and V rows of keys [k0, k0 + rows), by all kThreads threads: thread t takes
-// 128-byte line t % 2 of key t / 2's rows (64 keys a round). A later round of the same keys then
-// reads them from L2: the stages hold one round in flight while the block works on another, and
-// this keeps more of a split's keys on their way from DRAM without more shared memory.
-template <int HD, class Params>
-__device__ __forceinline__ void prefetch_round_l2(const Params& p, const int32_t* pt, int kvh, int k0, int rows) {
-  static_assert(kThreads == 2 * kRound, "two lines of a key per thread pair");
-  const int r = static_cast<int>(threadIdx.x) >> 1, line = static_cast<int>(threadIdx.x) & 1;
-  if (r >= rows || line * 128 >= HD * 2) return;
-  int off;
-  const int pi = page_index(p.cache, k0 + r, off);
-  const char* k = cache_row(p.cache, pt[pi], off, kvh, HD, false) + line * 128;
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(k));
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(k + p.cache.v_offset));
-}
-
 // zero_tail for a landed TMA stage: V rows [valid, kRound) to zero, the last group's rows past
 // the end (what the page held there) and the groups not loaded. Whole 128-byte lines, so the
 // swizzle does not matter.

@@ -74,8 +74,6 @@ Status CudaBackend::init() {
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   ctx_.decode_tma = options_.decode_attention_tma && info_.compute_capability >= 90;
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
-  ctx_.decode_prefetch_rounds = std::max(0, options_.decode_attention_prefetch_rounds);
-  ctx_.decode_prefetch_launches = &fp8_counts_.decode_tma_prefetch;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

@@ -164,11 +164,6 @@ struct CudaBackendOptions {
   // tokens come through TMA, a box of 16 keys per request issued by one thread, instead of
   // 16-byte cp.async from every thread (attention_decode.cu). The same bits either way.
   bool decode_attention_tma = true;
-  // Decode attention through TMA: while the stages load the next round of 64 keys, the round this
-  // many rounds past it is asked of L2 (a tensor prefetch: no shared memory), so that a split of a
-  // long context has more of its keys on their way from DRAM than its two stages hold. 0: none.
-  // Only splits of more than two rounds do it. The same bits for any count.
-  int decode_attention_prefetch_rounds = 2;
   // Decode Linears through the bulk-copy ring (sm_90+) with an RMSNorm or SiLU·mul prologue: one
   // stage of weights per block goes out before the PDL wait and the others once the prologue is
   // done, instead of all of them before the wait. The prologue's row is then not read behind the
@@ -393,7 +388,6 @@ struct CudaFp8GemmCounts {
   int64_t skinny_early = 0;         // decode Linears that let the next kernel launch before their wait
   int64_t decode_l2_prefetch = 0;   // decode attentions launched with weights to ask L2 for
   int64_t decode_tma = 0;           // decode attentions whose key rounds came through TMA
-  int64_t decode_tma_prefetch = 0;  // those that asked L2 for rounds ahead
   int64_t ring_prologue_first = 0;  // ring Linears that held stages back until their prologue was done
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);

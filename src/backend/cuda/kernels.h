@@ -77,7 +77,6 @@ struct LaunchContext {
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
   int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
   bool decode_tma = false;        // decode attention: key rounds through TMA where the cache allows (sm_90+)
-  int decode_prefetch_rounds = 0;  // decode attention through TMA: rounds asked of L2 ahead
   int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
@@ -93,7 +92,6 @@ struct LaunchContext {
   int64_t* prologue_launches = nullptr;    // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
   int64_t* early_launches = nullptr;       // decode Linears launching the next kernel early (CudaFp8GemmCounts)
   int64_t* decode_tma_launches = nullptr;  // decode attentions whose keys came through TMA (CudaFp8GemmCounts)
-  int64_t* decode_prefetch_launches = nullptr;  // those asking L2 for rounds ahead (CudaFp8GemmCounts)
   int64_t* ring_prologue_first_launches = nullptr;  // ring Linears holding stages back (CudaFp8GemmCounts)
   int early_launch = -1;                            // CudaBackendOptions::decode_early_launch
   OpProfiler* profiler = nullptr;                   // non-null while profiling
