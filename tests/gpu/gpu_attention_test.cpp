@@ -491,8 +491,9 @@ TEST(GpuOps, TextDecodeClusterMergeSameBits) {
 // hold a multiple of 16 tokens) against cp.async from every thread: the same bits, and within the
 // oracle's tolerance. TMA lands whole 16-key groups, so the rows past a context in its last page
 // are read too: here they hold NaN (the cp.async rounds never read them), which the kernel must
-// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split, the
-// L2 merge, several sequences, 64-token pages, head dim 64.
+// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split (up to
+// 20 at 20000 keys over 16 splits; 9000 keys at 4/2 heads, 9, the last one partial), the L2
+// merge, several sequences, 64-token pages, head dim 64.
 TEST(GpuOps, TextDecodeTmaSameBits) {
   QVL_REQUIRE_CUDA();
   auto info = cuda_device_info(0);
@@ -508,6 +509,9 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
       {{{1, 64 * 16 + 40}}, 16, 8, 128, 16, true},
       {{{1, 5000}}, 16, 8, 128, 16, true},
       {{{1, 5000}}, 16, 8, 128, 16, false},
+      {{{1, 20000}}, 16, 8, 128, 16, true},
+      {{{1, 20000 + 37}}, 16, 8, 128, 16, false},
+      {{{1, 9000}}, 4, 2, 64, 16, true},
       {{{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, 16, true},
       {{{1, 700}, {1, 45}}, 16, 8, 128, 64, true},
       {{{1, 300}, {1, 1}}, 4, 2, 64, 16, true},
