@@ -491,9 +491,10 @@ TEST(GpuOps, TextDecodeClusterMergeSameBits) {
 // hold a multiple of 16 tokens) against cp.async from every thread: the same bits, and within the
 // oracle's tolerance. TMA lands whole 16-key groups, so the rows past a context in its last page
 // are read too: here they hold NaN (the cp.async rounds never read them), which the kernel must
-// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split (up to
-// 20 at 20000 keys over 16 splits; 9000 keys at 4/2 heads, 9, the last one partial), the L2
-// merge, several sequences, 64-token pages, head dim 64.
+// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split (20 of
+// 64 keys at 20000 keys over 16 splits, 10 over the L2 merge's 32; 9 at 9000 keys over 4/2 heads'
+// 16, the last split ending inside its sixth), the L2 merge, several sequences, 64-token pages,
+// head dim 64.
 TEST(GpuOps, TextDecodeTmaSameBits) {
   QVL_REQUIRE_CUDA();
   auto info = cuda_device_info(0);
