@@ -684,8 +684,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "\"name[@grid_x],...\" (e.g. text_decode_attention, skinny_linear@128)");
   app.add_option("--decode-attention-exit", o->decode_attention_exit,
                  "CUDA measurement only (results are wrong): stop the decode attention kernel early "
-                 "(attention_decode.cu DecodeParams::debug_exit)")
-      ->check(CLI::Range(0, 7));
+                 "(attention_decode.cu DecodeParams::debug_exit; 8: no key round after the first is loaded)")
+      ->check(CLI::Range(0, 8));
   app.add_option("--decode-attention-trigger", o->decode_attention_trigger,
                  "CUDA A/B: when a decode attention block lets the next kernel launch: 0 after its PDL wait, "
                  "1 once its keys are done, 2 once its partial is written, 3 when it exits (default: chosen "

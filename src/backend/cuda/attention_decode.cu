@@ -92,7 +92,9 @@ struct DecodeParams {
   // Measurement only (CudaBackendOptions::decode_attention_exit; the output is wrong): where the
   // kernel stops. 4: at once (after the PDL wait); 5: after reading the context length; 6: after
   // round 0 of the keys, issued before the wait, has landed; 7: after the prepare's host inputs
-  // (no keys); 1: after both.
+  // (no keys); 1: after both. 8 runs to the end but loads no round after round 0: each later
+  // round works on its stage as it stands (a round's arithmetic and barriers, without its keys'
+  // latency).
   int debug_exit;
   // Measurement only (CudaBackendOptions::decode_attention_trace): thread 0 of each block stamps
   // %globaltimer at trace[((layer * kDecodeSplitBlocks) + block) * kDecodeTraceStamps + stage].
@@ -309,6 +311,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     __syncthreads();
   }
+  if (p.debug_exit == 8) {  // the stages that are never loaded hold zeros, not stale bits (NaN)
+    for (int i = threadIdx.x; i < kStages * 2 * kRound * pitch<HD>() / 16; i += kThreads)
+      reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+    QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));  // before round 0's boxes
+    __syncthreads();
+  }
   stamp(p, 0);
   stamp_unit(p, kCluster ? static_cast<int>(blockIdx.x) / p.splits : static_cast<int>(blockIdx.x));
   if (p.debug_exit == 4) {
@@ -502,7 +510,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   for (int r = 0; r < nrounds; ++r) {
     const int k0 = k_begin + r * kRound;
     char* const kst = kv + (r % kStages) * kStageBytes;
-    if (r + 1 < nrounds) {
+    const bool load = p.debug_exit != 8 || r == 0;  // debug_exit 8: round 0 only
+    if (r + 1 < nrounds && p.debug_exit != 8) {
       const int k1 = k0 + kRound;
       char* next = kv + ((r + 1) % kStages) * kStageBytes;
       if constexpr (kTma) {
@@ -520,7 +529,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       }
     }
     if constexpr (kTma) {
-      mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
+      if (load) mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
       if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
     } else {
       cp_async_commit();
