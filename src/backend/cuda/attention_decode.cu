@@ -546,7 +546,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     const int valid = min(16, k_end - k0 - kw);
     if (valid > 0) {
       // S^T = K . q^T: rows = keys kw + (g, g + 8), cols = heads (2t, 2t + 1).
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // Two accumulators (even and odd k-steps), added at the end: two chains of KS / 2 dependent
+      // mmas in place of one of KS.
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int mi = lane >> 3;
       // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
       const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
@@ -557,8 +559,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];
         ldmatrix_x4(a, krow.at(2 * ks + (mi >> 1)));
-        mma_m16n8k16(s, a, qf[ks][0], qf[ks][1]);
+        mma_m16n8k16(ks % 2 ? s1 : s, a, qf[ks][0], qf[ks][1]);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] += s1[e];
       // Online softmax per head over this warp's keys (log2 domain).
       float mx[2];
 #pragma unroll
@@ -585,13 +589,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         pv[e] = exp2f(s[e] - base[e & 1]);
         sum[e & 1] += pv[e];
       }
+      // l_run is this lane's share of the sum (its keys g, g + 8); the lanes' shares are added
+      // once, after the last round.
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 4);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 8);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 16);
-        l_run[h] = l_run[h] * alpha[h] + sum[h];
-      }
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
       // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
       pw[(2 * t) * 24 + g] = __float2bfloat16_rn(pv[0]);
       pw[(2 * t + 1) * 24 + g] = __float2bfloat16_rn(pv[1]);
@@ -619,6 +620,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   stamp(p, 5);
   if (p.trigger == 1) grid_dep_launch();
 
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 8);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
+  }
   // Merge the warps: O^T fragment o[m] = (dims 16m + g, 16m + g + 8) x (heads 2t, 2t + 1).
   if (g == 0) {
 #pragma unroll
