@@ -93,8 +93,8 @@ struct DecodeParams {
   // kernel stops. 4: at once (after the PDL wait); 5: after reading the context length; 6: after
   // round 0 of the keys, issued before the wait, has landed; 7: after the prepare's host inputs
   // (no keys); 1: after both. 8 runs to the end but loads no round after round 0: each later
-  // round works on its stage as it stands (a round's arithmetic and barriers, without its keys'
-  // latency).
+  // round works on its stage as it stands, zeroed at entry or holding round 0's keys (a round's
+  // arithmetic and barriers, without its keys' latency).
   int debug_exit;
   // Measurement only (CudaBackendOptions::decode_attention_trace): thread 0 of each block stamps
   // %globaltimer at trace[((layer * kDecodeSplitBlocks) + block) * kDecodeTraceStamps + stage].
