@@ -159,11 +159,17 @@ __device__ __forceinline__ void stamp_unit(const DecodeParams& p, int unit) {
   if (unsigned long long* slot = trace_slot(p)) slot[kDecodeTraceUnit] = static_cast<unsigned long long>(unit) + 1;
 }
 
+// The stages at the start of shared memory: kStages x (K, V) x keys x pitch (cp.async rounds), or
+// the TMA rounds' stages from the first 1024-aligned byte within the same bytes.
+template <int HD>
+constexpr int stages_bytes() {
+  return kStages * stage_bytes<HD, false>();
+}
 template <int HD>
 constexpr size_t decode_smem_bytes() {
-  // stages x (K, V) x keys x pitch, then q [8][pitch], the newest key's K and V [2][pitch],
-  // then P [warps][8 heads][16 keys + 8]
-  return static_cast<size_t>(kStages) * 2 * kRound * pitch<HD>() + (kMaxGroup + 2) * pitch<HD>() +
+  // the stages, then q [8][pitch], the newest key's K and V [2][pitch], then P [warps][8 heads][16
+  // keys + 8]
+  return static_cast<size_t>(stages_bytes<HD>()) + (kMaxGroup + 2) * pitch<HD>() +
          kWarps * kMaxGroup * 24 * sizeof(bf16);
 }
 
@@ -220,9 +226,8 @@ constexpr int wsplit_offset() {  // floats
 template <int HD>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem, const float* inbox, uint64_t* bar,
                                               int row, int kvh, int group, int rank, int active, int warp, int lane) {
-  static_assert(
-      (wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <= kStages * 2 * kRound * pitch<HD>(),
-      "the warps' O and the split weights fit in the stages");
+  static_assert((wsplit_offset<HD>() + kMaxGroup * kDecodeMaxSplits) * sizeof(float) <= stages_bytes<HD>(),
+                "the warps' O and the split weights fit in the stages");
   const int per = merge_per(group, HD, p.splits);
   const int n = group * HD, i0 = rank * per, i1 = min(n, i0 + per);
   if (i0 >= i1) return;  // no outputs here, nothing sent here
@@ -266,7 +271,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 template <int HD, bool kFp8, bool kCluster, bool kTma>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(!(kFp8 && kTma), "TMA copies the cache's bytes: BF16 only");
-  static_assert(1023 + kStages * tma_stage_bytes<HD>() <= kStages * 2 * kRound * pitch<HD>(),
+  static_assert(1023 + kStages * tma_stage_bytes<HD>() <= stages_bytes<HD>(),
                 "TMA stages fit where the padded stages lie, from the first 1024-aligned byte");
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   extern __shared__ __align__(16) char smem[];
   // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte
   char* kv = kTma ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
-  char* qs = smem + kStages * 2 * kRound * pitch<HD>();        // [8 heads][pitch]
+  char* qs = smem + stages_bytes<HD>();                        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
   __shared__ bool s_last;
@@ -312,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     __syncthreads();
   }
   if (p.debug_exit == 8) {  // the stages that are never loaded hold zeros, not stale bits (NaN)
-    for (int i = threadIdx.x; i < kStages * 2 * kRound * pitch<HD>() / 16; i += kThreads)
+    for (int i = threadIdx.x; i < stages_bytes<HD>() / 16; i += kThreads)
       reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
     QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));  // before round 0's boxes
     __syncthreads();
