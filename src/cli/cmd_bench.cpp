@@ -103,6 +103,7 @@ struct BenchOptions {
   bool no_decode_attention_tma = false;  // A/B: decode attention keys by cp.async instead of TMA
   bool no_ring_prologue_first = false;   // A/B: ring Linears issue every stage before their PDL wait
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
+  std::string kv_dtype = "bf16";         // CUDA: bf16 or fp8 (the CPU backend keeps its fp32 cache)
   std::string skip_kernels;              // measurement only: launches left out
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
@@ -218,6 +219,10 @@ Status run_bench(const BenchOptions& o) {
   const double load_ms = ms_since(t_load);
   const TextConfig& tc = config.text;
   const DType act = be.activation_dtype();
+  if (o.kv_dtype == "fp8" && act != DType::kBF16)
+    return invalid_argument("--kv-dtype fp8: an FP8 KV cache needs the CUDA backend (this one keeps " +
+                            std::string(dtype_name(act)) + ")");
+  const DType kv_dtype = o.kv_dtype == "fp8" ? DType::kF8E4M3 : act;
 
   // ---- prompt: <|im_start|>user\n<|vision_start|> pads <|vision_end|> text <|im_end|>\n<|im_start|>assistant\n
   const TokenIds& tk = config.tokens;
@@ -266,7 +271,7 @@ Status run_bench(const BenchOptions& o) {
   const HostStaging staging{staging_buf.data(), staging_buf.size()};
   Arena arena(arena_buf.data(), arena_buf.size(), be.device(), "bench arena");
   KvCacheView cache;
-  cache.dtype = act;
+  cache.dtype = kv_dtype;
   cache.page_size = page;
   cache.num_pages = P * max_b;
   cache.num_layers = tc.num_hidden_layers;
@@ -415,7 +420,8 @@ Status run_bench(const BenchOptions& o) {
   arena.reset();
 
   // ---- decode per batch size ----
-  const int64_t kv_token_bytes = 2LL * tc.num_hidden_layers * tc.num_key_value_heads * tc.head_dim * dtype_size(act);
+  const int64_t kv_token_bytes =
+      2LL * tc.num_hidden_layers * tc.num_key_value_heads * tc.head_dim * dtype_size(kv_dtype);
   json decode = json::array();
   json trace_json = nullptr;
   for (int B : batches) {
@@ -614,6 +620,7 @@ Status run_bench(const BenchOptions& o) {
   if (!trace_json.is_null()) out["decode_attention_trace"] = trace_json;
   out["weights_bytes_decode"] = decode_weight_bytes(model->weights(), 1);
   out["kv_bytes_per_token"] = kv_token_bytes;
+  out["kv_dtype"] = std::string(dtype_name(kv_dtype));
   out["offload"] = {
       {"layers", offload.layers}, {"host_bytes", offload.host_bytes}, {"staging_bytes", offload.staging_bytes}};
   if (!profiles.empty()) out["profile"] = profiles;
@@ -679,6 +686,8 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "CUDA A/B: decode attention blocks over sequences x kv heads x splits (256)")
       ->check(CLI::Range(0, 256));
   app.add_option("--kv-page-tokens", o->kv_page_tokens, "Tokens per KV cache page (16)")->check(CLI::Range(1, 4096));
+  app.add_option("--kv-dtype", o->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8 (bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   app.add_option("--skip-kernels", o->skip_kernels,
                  "CUDA measurement only (results are wrong): leave out launches of these kernels, "
                  "\"name[@grid_x],...\" (e.g. text_decode_attention, skinny_linear@128)");

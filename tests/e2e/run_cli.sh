@@ -15,7 +15,8 @@
 #     by its error in its place while the others are answered, exit status 1;
 #   - clear errors and a non-zero exit for a missing model, an unreadable / non-image / truncated
 #     image, more <image> markers than images, a prompt longer than the context, vqa without a
-#     question, --each without images, --parallel without --each.
+#     question, --each without images, --parallel without --each, and `qvl bench --kv-dtype fp8`
+#     on the CPU backend (its cache is fp32).
 set -euo pipefail
 qvl="$1"
 tmp="$2/run_cli"
@@ -142,4 +143,6 @@ expect_error too_long "the context of 256 tokens" "$qvl" run --model tiny --prom
 expect_error vqa_question "--task vqa needs the question in --prompt" "$qvl" run --model tiny --image "$img" --task vqa
 expect_error each_no_image "--each answers every --image" "$qvl" run --model tiny --each --prompt hi
 expect_error parallel_alone "--parallel applies with --each" "$qvl" run --model tiny --parallel 2 --prompt hi
+expect_error bench_kv_fp8_cpu "--kv-dtype fp8: an FP8 KV cache needs the CUDA backend" \
+  "$qvl" bench --model tiny --backend cpu --image-size none --kv-dtype fp8
 echo "run_cli: ok"

@@ -458,6 +458,54 @@ TEST(GpuOps, TextDecodeAttention) {
   run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3, &gpus);
 }
 
+// An FP8 cache is widened to BF16 exactly on each path the decode attention reads it by: the
+// newest key's buffer (context 1), the first round before the PDL wait (50) and the later rounds
+// (300: 5 rounds in one split). Every K row is zero, so every key scores 0 and weighs exactly 1;
+// with one split the output is then n · v / n = v. Each of the 254 non-NaN E4M3 codes, written in
+// the V rows of every key (codes 0..127 in one run, 128..255 in the other, one per head dim),
+// must come back as its exact value in both query heads.
+TEST(GpuOps, TextDecodeFp8CacheWidensExactly) {
+  QVL_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  o.decode_split_blocks = 1;  // one split of one kv head
+  const std::unique_ptr<Backend> be = cuda_backend_with(o);
+  constexpr int hd = 128, hq = 2;
+  for (int half : {0, 1}) {
+    for (int ctx : {1, 50, 300}) {
+      TextSetup t;
+      setup_text(t, {{1, ctx}}, 1, hd, 2, DType::kF8E4M3, 16);
+      const KvCacheView& g = t.cg;
+      std::vector<uint8_t> codes(t.device_cache.size(), 0);
+      for (int64_t page = 0; page < g.num_pages; ++page)
+        for (int l = 0; l < g.num_layers; ++l)
+          for (int tok = 0; tok < g.page_size; ++tok)
+            for (int d = 0; d < hd; ++d)  // [page][layer][K rows, then V rows][hd] (one kv head)
+              codes[static_cast<size_t>(page * g.page_bytes() + l * g.layer_bytes() + (g.page_size + tok) * hd + d)] =
+                  static_cast<uint8_t>(half * 128 + d);
+      cuda()->copy_to_device(t.cache_mem.g, codes.data());
+      cuda()->synchronize();
+      const int64_t width = int64_t{hq + 2} * hd;
+      Pair qkv = activation(t.s, {1, width}, random_values(width));
+      Tensor out = filled_output(t.s, {1, int64_t{hq} * hd}, 9.0f);
+      be->text_attention(out, qkv.g, t.bg, t.cg, 1, TextAttentionShape{hq, 1, hd}, 1.0f / std::sqrt(float{hd}));
+      const std::vector<float> got = download(*be, out);
+      int wrong = 0;
+      std::string first;
+      for (int h = 0; h < hq; ++h) {
+        for (int d = 0; d < hd; ++d) {
+          const int code = half * 128 + d;
+          if ((code & 0x7f) == 0x7f) continue;  // NaN
+          const float want = fp8_e4m3_to_float(static_cast<uint8_t>(code));
+          if (got[h * hd + d] != want && wrong++ == 0)
+            first = "code " + std::to_string(code) + ": " + std::to_string(got[h * hd + d]) + " for " +
+                    std::to_string(want);
+        }
+      }
+      EXPECT_EQ(wrong, 0) << "context " << ctx << ", first " << first;
+    }
+  }
+}
+
 // The cluster merge and the L2 merge do the same arithmetic: with the same number of splits
 // they write the same bits. Both backends are held to 64 split blocks (8 splits of 8 kv heads:
 // a portable cluster size, so the cluster backend cannot take fewer).

@@ -5,7 +5,8 @@
 // each K/V row is read once for the group. The split count depends only on the number of
 // sequences (graph-safe); the keys of a split follow the actual context length, read on the
 // device. Keys go through shared memory in rounds of 64 (two stages, cp.async for a BF16 cache;
-// an FP8 cache is widened to BF16 on the way in). Each of the 4 warps takes 16 keys of a round
+// an FP8 cache's bytes come by cp.async into two raw stages, two rounds ahead, and are widened to
+// BF16 into one stage). Each of the 4 warps takes 16 keys of a round
 // and runs its own online softmax, so warps never wait for each other inside a split:
 //   S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
 //   O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
@@ -276,9 +277,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
   constexpr int kStageBytes = stage_bytes<HD, kTma>();
+  static_assert(stage_bytes<HD, false>() + 2 * raw_stage_bytes<HD>() <= stages_bytes<HD>(),
+                "kFp8: one BF16 stage and two raw stages fit where the stages lie");
   extern __shared__ __align__(16) char smem[];
-  // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte
+  // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte; kFp8: one
+  // BF16 stage, then two raw stages (load_round_fp8).
   char* kv = kTma ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
+  char* const raw0 = smem + stage_bytes<HD, false>();
+  auto raw_stage = [raw0](int s) { return raw0 + s * raw_stage_bytes<HD>(); };
   char* qs = smem + stages_bytes<HD>();                        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
   bf16* ps = reinterpret_cast<bf16*>(nbuf + 2 * pitch<HD>());  // [warp][8 heads][24]
@@ -384,6 +390,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // first keys: both chains are dependent loads, and a block that becomes resident late (as the
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
+  // kTma: thread 0 looks up the pages of the next round to issue a round ahead (tma_lookup). The
+  // cp.async rounds keep their lookups: each thread's share of them measured slower a round
+  // ahead (bench/RESULTS.md run 45).
+  RoundPages ahead;
+  const bool look_ahead = kTma && nrounds > 1 && p.debug_exit != 8;
+  auto look_up = [&](int k) {  // the round from key k (< k_end)
+    if (threadIdx.x == 0) tma_lookup(p, pt, k, min(kRound, k_end - k), ahead);
+  };
   if constexpr (kTma) {
     // Thread 0 issues the round; the step table's pages were loaded by warp 0's first lanes.
     if (warp == 0) {
@@ -401,15 +415,36 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       pages = s_desc + 1;
     }
     if constexpr (kFp8) {
-      load_round<HD, kFp8>(p, kv, pt, kvh, k_begin, r0, newest, threadIdx.x, issuers, pages);
+      if (p.fused)
+        load_round_fp8<HD, kThreads - 32>(p, raw_stage(0), pt, kvh, k_begin, r0, newest, pages);
+      else
+        load_round_fp8<HD, kThreads>(p, raw_stage(0), pt, kvh, k_begin, r0, newest, pages);
+      cp_async_commit();
     } else if (p.fused) {
       load_round_bf16<HD, kThreads - 32>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     } else {
       load_round_bf16<HD, kThreads>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     }
   }
+  if (look_ahead) look_up(k_begin + kRound);
+  if constexpr (kFp8) {
+    // Round 1's bytes go in flight too; round 0 is widened (by its copiers) before the wait, as
+    // its BF16 stage would have been filled.
+    if (nrounds > 1 && p.debug_exit != 8) {
+      const int k1 = k_begin + kRound;
+      load_round_fp8<HD, kThreads>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), newest);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // round 0's group
+    if (static_cast<int>(threadIdx.x) < issuers && p.debug_exit != 7) {
+      if (p.fused)
+        widen_fp8<HD, kThreads - 32>(raw_stage(0), kv, k_begin, r0, newest);
+      else
+        widen_fp8<HD, kThreads>(raw_stage(0), kv, k_begin, r0, newest);
+    }
+  }
   if constexpr (!kTma) {
-    zero_tail<HD>(kv, max(0, r0));
+    if constexpr (!kFp8) zero_tail<HD>(kv, max(0, r0));       // kFp8: widen_fp8 zeroes the tail
     if (nrounds == 1) prefetch_l2(p, threadIdx.x, kThreads);  // a later round's keys would queue behind it
   }
   stamp(p, 1);
@@ -514,7 +549,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
   for (int r = 0; r < nrounds; ++r) {
     const int k0 = k_begin + r * kRound;
-    char* const kst = kv + (r % kStages) * kStageBytes;
+    char* const kst = kFp8 ? kv : kv + (r % kStages) * kStageBytes;
     const bool load = p.debug_exit != 8 || r == 0;  // debug_exit 8: round 0 only
     if (r + 1 < nrounds && p.debug_exit != 8) {
       const int k1 = k0 + kRound;
@@ -523,24 +558,39 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         if (threadIdx.x == 0) {
           // The block's reads and writes of this stage (two rounds ago) come before the boxes.
           QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-          tma_round<HD>(p, next, pt, kvh, k1, min(kRound, k_end - k1), &s_keys[(r + 1) % kStages]);
+          tma_issue<HD>(p, next, kvh, min(kRound, k_end - k1), ahead, &s_keys[(r + 1) % kStages]);
         }
-      } else {
-        if constexpr (kFp8)
-          load_round<HD, kFp8>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest, threadIdx.x, kThreads);
-        else
-          load_round_bf16<HD, kThreads>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
+        // The round after it: its pages' loads land while this round computes.
+        if (r + 2 < nrounds) look_up(k1 + kRound);
+      } else if constexpr (!kFp8) {  // kFp8: round r + 2 is issued once round r is widened (below)
+        load_round_bf16<HD, kThreads>(p, next, pt, kvh, k1, min(kRound, k_end - k1), newest);
         zero_tail<HD>(next, min(kRound, k_end - k1));
       }
     }
     if constexpr (kTma) {
       if (load) mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
       if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
+    } else if constexpr (kFp8) {
+      // Round r (r >= 1) is every group but the newest (round r + 1's, committed last round); the
+      // BF16 stage is free since the last round's barrier. Each thread widens its own copies.
+      if (r > 0) {
+        cp_async_wait<1>();
+        widen_fp8<HD, kThreads>(raw_stage(r % 2), kst, k0, min(kRound, k_end - k0), newest);
+      }
     } else {
       cp_async_commit();
       cp_async_wait<1>();
     }
     __syncthreads();
+    if constexpr (kFp8) {
+      // Round r + 2 into the raw stage just widened (each thread rewrites only the columns it
+      // widened; round 0's copiers passed a barrier since), committed even when empty, so that
+      // the group of round r + 1 is always the newest but one.
+      const int k2 = k0 + 2 * kRound;
+      if (k2 < k_end && p.debug_exit != 8)
+        load_round_fp8<HD, kThreads>(p, raw_stage(r % 2), pt, kvh, k2, min(kRound, k_end - k2), newest);
+      cp_async_commit();
+    }
     if (r == 0) stamp(p, 4);
     if (r == 0) {
 #pragma unroll

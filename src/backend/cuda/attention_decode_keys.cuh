@@ -1,8 +1,8 @@
 // The decode attention's key rounds (attention_decode.cu, its only user): how a round of kRound
 // keys of one kv head gets from the paged cache into a shared-memory stage, by cp.async from
-// every thread (BF16), widened loads (FP8), or TMA boxes from one thread (kTma), and where a
-// key's row then lies in the stage. Params is attention_decode.cu's DecodeParams (cache, and
-// kv_map for TMA).
+// every thread (BF16), cp.async of the raw bytes widened in shared memory (FP8), or TMA boxes
+// from one thread (kTma), and where a key's row then lies in the stage. Params is
+// attention_decode.cu's DecodeParams (cache, and kv_map for TMA).
 #pragma once
 
 #include <cuda.h>
@@ -28,34 +28,6 @@ __device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
   }
 }
 
-// Copies the K and V rows of keys [k0 + first, k0 + last) of this round into stage memory
-// (row r < kRound: K of key k0 + r; row kRound + r: V), by threads tid of nthreads. BF16:
-// cp.async, 16 bytes per thread and step; FP8: 8-byte loads widened to BF16 and stored
-// (synchronously).
-template <int HD, bool kFp8, class Params>
-__device__ __forceinline__ void load_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
-                                           int newest, int tid, int nthreads, const int32_t* pages = nullptr) {
-  // pages (shared memory): the pages from key k0's page on, in place of the page table.
-  int pi0 = 0, off0 = 0;
-  if (pages) pi0 = page_index(p.cache, k0, off0);
-  constexpr int CPR = HD / 8;  // 8-element chunks per row
-  for (int c = tid; c < 2 * rows * CPR; c += nthreads) {
-    const int rr = c / CPR, chunk = c % CPR;
-    const bool v = rr >= rows;
-    const int r = v ? rr - rows : rr;
-    const int j = k0 + r;
-    if (j == newest) continue;  // read from the newest-key buffer instead
-    int off;
-    const int pi = page_index(p.cache, j, off);
-    const char* src = cache_row(p.cache, pages ? pages[pi - pi0] : pt[pi], off, kvh, HD, v);
-    char* dst = stage + ((v ? kRound : 0) + r) * pitch<HD>() + chunk * 16;
-    if constexpr (kFp8)
-      *reinterpret_cast<uint4*>(dst) = load_kv_chunk<true>(src, chunk);
-    else
-      cp_async16(dst, src + chunk * 16);
-  }
-}
-
 // The page and in-page offset of key k0 + key(i) for each i < N, the loads issued together: from
 // the page table pt, or from `pages` (shared memory: the pages from key k0's page on).
 template <int N, class Params, class KeyOf>
@@ -70,12 +42,13 @@ __device__ __forceinline__ void lookup_pages(const Params& p, const int32_t* pt,
   }
 }
 
-// The same for a BF16 cache, by threads [0, NT) (NT a multiple of HD / 8). Each thread keeps one
-// 16-byte column of the rows it copies, so the rows' page lookups are independent loads issued
-// together, and K and V of a row share one address. The generic loop above runs its lookups
-// one per copy, each before its cp.async (2 · kRound · HD / 8 / NT dependent loads in a row): on
-// the critical path of every key round inside the loop, and of the first round of a block that
-// becomes resident late.
+// Copies the K and V rows of keys [k0, k0 + rows) of a BF16 cache into a stage (row r < kRound: K
+// of key k0 + r; row kRound + r: V) by cp.async from threads [0, NT) (NT a multiple of HD / 8).
+// Each thread keeps one 16-byte column of the rows it copies, so the rows' page lookups are
+// independent loads issued together, and K and V of a row share one address. A loop with a lookup
+// per copy, each before its cp.async, runs 2 · kRound · HD / 8 / NT dependent loads in a row: on
+// the critical path of every key round, and of the first round of a block that becomes resident
+// late.
 template <int HD, int NT, class Params>
 __device__ __forceinline__ void load_round_bf16(const Params& p, char* stage, const int32_t* pt, int kvh, int k0,
                                                 int rows, int newest, const int32_t* pages = nullptr) {
@@ -96,6 +69,63 @@ __device__ __forceinline__ void load_round_bf16(const Params& p, char* stage, co
     char* dst = stage + r * pitch<HD>() + chunk * 16;
     cp_async16(dst, src);
     cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
+  }
+}
+
+// ---- an FP8 cache: its bytes by cp.async into raw stages, widened in shared memory ----
+// A raw stage holds a round's K rows, then its V rows, HD bytes each, as the cache holds them. The
+// loop keeps two raw stages beside one BF16 stage (the cp.async layout): two rounds' bytes are in
+// flight while a third is worked on, in fewer bytes than the BF16 cache's two stages. Threads
+// [0, NT) copy one 16-byte column of their rows each (as load_round_bf16 does), and each widens
+// what it copied itself (widen_fp8), so a raw stage needs no barrier of its own.
+template <int HD>
+constexpr int raw_stage_bytes() {
+  return 2 * kRound * HD;
+}
+template <int HD, int NT>
+struct Fp8Columns {
+  static constexpr int kCpr = HD / 16;                        // 16-byte columns per raw row
+  static constexpr int kRpp = NT / kCpr;                      // rows per pass of the NT threads
+  static constexpr int kPasses = (kRound + kRpp - 1) / kRpp;  // rows per thread, at most
+  static_assert(NT % kCpr == 0, "whole rows per pass");
+};
+template <int HD, int NT, class Params>
+__device__ __forceinline__ void load_round_fp8(const Params& p, char* raw, const int32_t* pt, int kvh, int k0, int rows,
+                                               int newest, const int32_t* pages = nullptr) {
+  using C = Fp8Columns<HD, NT>;
+  const int chunk = static_cast<int>(threadIdx.x) % C::kCpr, r0 = static_cast<int>(threadIdx.x) / C::kCpr;
+  int32_t page[C::kPasses];
+  int off[C::kPasses];
+  lookup_pages(
+      p, pt, pages, k0, [&](int i) { return min(r0 + i * C::kRpp, rows - 1); }, page, off);
+#pragma unroll
+  for (int i = 0; i < C::kPasses; ++i) {
+    const int r = r0 + i * C::kRpp;
+    if (r >= rows || k0 + r == newest) continue;  // the newest key has its own buffer
+    const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
+    char* dst = raw + r * HD + chunk * 16;
+    cp_async16(dst, src);
+    cp_async16(dst + kRound * HD, src + p.cache.v_offset);
+  }
+}
+// This thread's columns of a raw stage it copied (load_round_fp8 with the same NT; its copies
+// landed), widened exactly into the BF16 stage; its rows past `rows` as zeros (see zero_tail).
+template <int HD, int NT>
+__device__ __forceinline__ void widen_fp8(const char* raw, char* stage, int k0, int rows, int newest) {
+  using C = Fp8Columns<HD, NT>;
+  const int chunk = static_cast<int>(threadIdx.x) % C::kCpr, r0 = static_cast<int>(threadIdx.x) / C::kCpr;
+#pragma unroll
+  for (int i = 0; i < C::kPasses; ++i) {
+    const int r = r0 + i * C::kRpp;
+    if (r >= kRound || k0 + r == newest) continue;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const uint4 x =
+          r < rows ? *reinterpret_cast<const uint4*>(raw + (v * kRound + r) * HD + chunk * 16) : make_uint4(0, 0, 0, 0);
+      uint4* dst = reinterpret_cast<uint4*>(stage + (v * kRound + r) * pitch<HD>() + chunk * 32);
+      dst[0] = fp8x8_to_bf16x8(make_uint2(x.x, x.y));
+      dst[1] = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+    }
   }
 }
 
@@ -138,27 +168,48 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, i
                    : "memory"));
 }
 
-// Issues the K and V boxes of the 16-key groups that hold keys [k0, k0 + rows), completing on
-// `bar` (one thread; k0 is a multiple of 16, and so is the page size, so a group lies in one
-// page). Rows past the end land too: their scores are masked and tma_zero_tail zeroes their V
-// rows. pages: as in load_round.
+// The pages and in-page offsets of a round's 16-key groups (keys [k0, k0 + rows)), from the page
+// table pt or from `pages` (as in load_round). Looked up apart from the boxes' issue, so that the
+// loop can look up a round's pages a round ahead: their loads are dependent global reads (an L2
+// round trip behind the keys in flight) that would otherwise precede every round's boxes.
+struct RoundPages {
+  int32_t page[kRound / 16];
+  int off[kRound / 16];
+};
+template <class Params>
+__device__ __forceinline__ void tma_lookup(const Params& p, const int32_t* pt, int k0, int rows, RoundPages& rp,
+                                           const int32_t* pages = nullptr) {
+  const int groups = (rows + 15) / 16;
+  lookup_pages(
+      p, pt, pages, k0, [&](int q) { return 16 * min(q, groups - 1); }, rp.page, rp.off);
+}
+
+// Issues the K and V boxes of the 16-key groups that hold a round's `rows` keys, at the pages
+// tma_lookup found, completing on `bar` (one thread; a round's first key is a multiple of 16, and
+// so is the page size, so a group lies in one page). Rows past the end land too: their scores are
+// masked and tma_zero_tail zeroes their V rows.
 template <int HD, class Params>
-__device__ __forceinline__ void tma_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
-                                          uint64_t* bar, const int32_t* pages = nullptr) {
+__device__ __forceinline__ void tma_issue(const Params& p, char* stage, int kvh, int rows, const RoundPages& rp,
+                                          uint64_t* bar) {
   constexpr int kGroups = kRound / 16;
   const int groups = (rows + 15) / 16;
-  int32_t page[kGroups];
-  int off[kGroups];
-  lookup_pages(
-      p, pt, pages, k0, [&](int q) { return 16 * min(q, groups - 1); }, page, off);
   mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * box_bytes<HD>()));
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= groups) break;
     char* dst = stage + q * 2 * box_bytes<HD>();
-    tma_load_5d(dst, &p.kv_map, 0, off[q], 0, kvh, page[q], bar);
-    tma_load_5d(dst + box_bytes<HD>(), &p.kv_map, 0, p.cache.page_size + off[q], 0, kvh, page[q], bar);
+    tma_load_5d(dst, &p.kv_map, 0, rp.off[q], 0, kvh, rp.page[q], bar);
+    tma_load_5d(dst + box_bytes<HD>(), &p.kv_map, 0, p.cache.page_size + rp.off[q], 0, kvh, rp.page[q], bar);
   }
+}
+
+// Both at once: the round of keys [k0, k0 + rows).
+template <int HD, class Params>
+__device__ __forceinline__ void tma_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
+                                          uint64_t* bar, const int32_t* pages = nullptr) {
+  RoundPages rp;
+  tma_lookup(p, pt, k0, rows, rp, pages);
+  tma_issue<HD>(p, stage, kvh, rows, rp, bar);
 }
 
 // zero_tail for a landed TMA stage: V rows [valid, kRound) to zero, the last group's rows past

@@ -359,16 +359,25 @@ __device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
   const float f = __uint_as_float(static_cast<uint32_t>(b & 0x7f) << 20) * 0x1p120f;
   return (b & 0x80) ? -f : f;
 }
+// Two FP8 E4M3 values of a word (the bytes `sel` picks, see fp8x8_to_bf16x8) widened exactly to a
+// BF16 pair, by the same rescaling in BF16: one byte permute puts each byte's bits at the top of its
+// half ([b_hi 0 b_lo 0]), the sign stays at bit 15 and the 7 magnitude bits move to the
+// exponent/mantissa, and one bf16x2 multiplication by 2^120 (exact, subnormals included) gives
+// the same bits as fp8_e4m3_to_float_dev rounded to BF16, in 5 instructions a pair where the float
+// path takes about 6 an element.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t word, uint32_t sel) {
+  const uint32_t u = __byte_perm(word, 0u, sel);
+  uint32_t bits = (u & 0x80008000u) | ((u & 0x7f007f00u) >> 4);
+  const __nv_bfloat162 k = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));  // 2^120
+  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), k);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 // 8 FP8 E4M3 values (8 bytes) widened exactly to 8 BF16 (16 bytes): an FP8 KV cache row read
 // as the BF16 tiles attention works on.
 __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
-  float f[8];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.x >> (8 * e)));
-    f[4 + e] = fp8_e4m3_to_float_dev(static_cast<uint8_t>(raw.y >> (8 * e)));
-  }
-  return pack8(f);
+  // 0x1404: bytes 0 and 1 of the word; 0x3424: bytes 2 and 3 (a nibble 4 reads a zero byte).
+  return make_uint4(fp8x2_to_bf16x2(raw.x, 0x1404u), fp8x2_to_bf16x2(raw.x, 0x3424u), fp8x2_to_bf16x2(raw.y, 0x1404u),
+                    fp8x2_to_bf16x2(raw.y, 0x3424u));
 }
 // float -> FP8 E4M3, round to nearest even, saturating at +-448 (the KV cache's conversion).
 __device__ __forceinline__ uint8_t float_to_fp8_e4m3_dev(float x) {
