@@ -460,48 +460,51 @@ TEST(GpuOps, TextDecodeAttention) {
 
 // An FP8 cache is widened to BF16 exactly on each path the decode attention reads it by: the
 // newest key's buffer (context 1), the first round before the PDL wait (50) and the later rounds
-// (300: 5 rounds in one split). Every K row is zero, so every key scores 0 and weighs exactly 1;
-// with one split the output is then n · v / n = v. Each of the 254 non-NaN E4M3 codes, written in
-// the V rows of every key (codes 0..127 in one run, 128..255 in the other, one per head dim),
-// must come back as its exact value in both query heads.
+// (300: 5 rounds in one split), through TMA and by cp.async. Every K row is zero, so every key
+// scores 0 and weighs exactly 1; with one split the output is then n · v / n = v. Each of the 254
+// non-NaN E4M3 codes, written in the V rows of every key (codes 0..127 in one run, 128..255 in the
+// other, one per head dim), must come back as its exact value in both query heads.
 TEST(GpuOps, TextDecodeFp8CacheWidensExactly) {
   QVL_REQUIRE_CUDA();
-  CudaBackendOptions o;
-  o.decode_split_blocks = 1;  // one split of one kv head
-  const std::unique_ptr<Backend> be = cuda_backend_with(o);
   constexpr int hd = 128, hq = 2;
-  for (int half : {0, 1}) {
-    for (int ctx : {1, 50, 300}) {
-      TextSetup t;
-      setup_text(t, {{1, ctx}}, 1, hd, 2, DType::kF8E4M3, 16);
-      const KvCacheView& g = t.cg;
-      std::vector<uint8_t> codes(t.device_cache.size(), 0);
-      for (int64_t page = 0; page < g.num_pages; ++page)
-        for (int l = 0; l < g.num_layers; ++l)
-          for (int tok = 0; tok < g.page_size; ++tok)
-            for (int d = 0; d < hd; ++d)  // [page][layer][K rows, then V rows][hd] (one kv head)
-              codes[static_cast<size_t>(page * g.page_bytes() + l * g.layer_bytes() + (g.page_size + tok) * hd + d)] =
-                  static_cast<uint8_t>(half * 128 + d);
-      cuda()->copy_to_device(t.cache_mem.g, codes.data());
-      cuda()->synchronize();
-      const int64_t width = int64_t{hq + 2} * hd;
-      Pair qkv = activation(t.s, {1, width}, random_values(width));
-      Tensor out = filled_output(t.s, {1, int64_t{hq} * hd}, 9.0f);
-      be->text_attention(out, qkv.g, t.bg, t.cg, 1, TextAttentionShape{hq, 1, hd}, 1.0f / std::sqrt(float{hd}));
-      const std::vector<float> got = download(*be, out);
-      int wrong = 0;
-      std::string first;
-      for (int h = 0; h < hq; ++h) {
-        for (int d = 0; d < hd; ++d) {
-          const int code = half * 128 + d;
-          if ((code & 0x7f) == 0x7f) continue;  // NaN
-          const float want = fp8_e4m3_to_float(static_cast<uint8_t>(code));
-          if (got[h * hd + d] != want && wrong++ == 0)
-            first = "code " + std::to_string(code) + ": " + std::to_string(got[h * hd + d]) + " for " +
-                    std::to_string(want);
+  for (const bool tma : {true, false}) {  // boxes into raw stages (sm_90+), or cp.async copies
+    CudaBackendOptions o;
+    o.decode_split_blocks = 1;  // one split of one kv head
+    o.decode_attention_tma = tma;
+    const std::unique_ptr<Backend> be = cuda_backend_with(o);
+    for (int half : {0, 1}) {
+      for (int ctx : {1, 50, 300}) {
+        TextSetup t;
+        setup_text(t, {{1, ctx}}, 1, hd, 2, DType::kF8E4M3, 16);
+        const KvCacheView& g = t.cg;
+        std::vector<uint8_t> codes(t.device_cache.size(), 0);
+        for (int64_t page = 0; page < g.num_pages; ++page)
+          for (int l = 0; l < g.num_layers; ++l)
+            for (int tok = 0; tok < g.page_size; ++tok)
+              for (int d = 0; d < hd; ++d)  // [page][layer][K rows, then V rows][hd] (one kv head)
+                codes[static_cast<size_t>(page * g.page_bytes() + l * g.layer_bytes() + (g.page_size + tok) * hd + d)] =
+                    static_cast<uint8_t>(half * 128 + d);
+        cuda()->copy_to_device(t.cache_mem.g, codes.data());
+        cuda()->synchronize();
+        const int64_t width = int64_t{hq + 2} * hd;
+        Pair qkv = activation(t.s, {1, width}, random_values(width));
+        Tensor out = filled_output(t.s, {1, int64_t{hq} * hd}, 9.0f);
+        be->text_attention(out, qkv.g, t.bg, t.cg, 1, TextAttentionShape{hq, 1, hd}, 1.0f / std::sqrt(float{hd}));
+        const std::vector<float> got = download(*be, out);
+        int wrong = 0;
+        std::string first;
+        for (int h = 0; h < hq; ++h) {
+          for (int d = 0; d < hd; ++d) {
+            const int code = half * 128 + d;
+            if ((code & 0x7f) == 0x7f) continue;  // NaN
+            const float want = fp8_e4m3_to_float(static_cast<uint8_t>(code));
+            if (got[h * hd + d] != want && wrong++ == 0)
+              first = "code " + std::to_string(code) + ": " + std::to_string(got[h * hd + d]) + " for " +
+                      std::to_string(want);
+          }
         }
+        EXPECT_EQ(wrong, 0) << "context " << ctx << (tma ? "" : " cp.async") << ", first " << first;
       }
-      EXPECT_EQ(wrong, 0) << "context " << ctx << ", first " << first;
     }
   }
 }
@@ -535,14 +538,14 @@ TEST(GpuOps, TextDecodeClusterMergeSameBits) {
   }
 }
 
-// The decode attention's key rounds through TMA (sm_90+; the default for a BF16 cache whose pages
-// hold a multiple of 16 tokens) against cp.async from every thread: the same bits, and within the
-// oracle's tolerance. TMA lands whole 16-key groups, so the rows past a context in its last page
-// are read too: here they hold NaN (the cp.async rounds never read them), which the kernel must
-// zero before P·V. Cases: one round, splits ending inside a group, several rounds per split (20 of
-// 64 keys at 20000 keys over 16 splits, 10 over the L2 merge's 32; 9 at 9000 keys over 4/2 heads'
-// 16, the last split ending inside its sixth), the L2 merge, several sequences, 64-token pages,
-// head dim 64.
+// The decode attention's key rounds through TMA (sm_90+; the default for a cache whose pages hold a
+// multiple of 16 tokens) against cp.async from every thread: the same bits, and within the oracle's
+// tolerance, for BF16 and FP8 caches. TMA lands whole 16-key groups, so the rows past a context in
+// its last page are read too: here they hold NaN (the cp.async rounds never read them), which the
+// kernel must zero before P·V. Cases: one round, splits ending inside a group, several rounds per
+// split (20 of 64 keys at 20000 keys over 16 splits, 10 over the L2 merge's 32; 9 at 9000 keys over
+// 4/2 heads' 16, the last split ending inside its sixth), the L2 merge, several sequences, 64-token
+// pages, head dim 64; for the FP8 cache the same kinds, its boxes widened from two raw stages.
 TEST(GpuOps, TextDecodeTmaSameBits) {
   QVL_REQUIRE_CUDA();
   auto info = cuda_device_info(0);
@@ -551,7 +554,9 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
     std::vector<std::pair<int, int>> seqs;
     int hq, hkv, hd, page;
     bool cluster;
+    DType kv = DType::kBF16;
   };
+  const DType f8 = DType::kF8E4M3;
   const std::vector<Case> cases = {
       {{{1, 1}}, 16, 8, 128, 16, true},
       {{{1, 838}}, 16, 8, 128, 16, true},
@@ -564,6 +569,13 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
       {{{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, 16, true},
       {{{1, 700}, {1, 45}}, 16, 8, 128, 64, true},
       {{{1, 300}, {1, 1}}, 4, 2, 64, 16, true},
+      // An FP8 cache: its boxes widened from the raw stages (tma_issue_fp8).
+      {{{1, 1}}, 16, 8, 128, 16, true, f8},
+      {{{1, 20000 + 37}}, 16, 8, 128, 16, true, f8},
+      {{{1, 5000}}, 16, 8, 128, 16, false, f8},
+      {{{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, 16, true, f8},
+      {{{1, 700}, {1, 45}}, 16, 8, 128, 64, true, f8},
+      {{{1, 9000}, {1, 130}}, 4, 2, 64, 16, true, f8},
   };
   const int layer = 1;
   for (const Case& c : cases) {
@@ -573,11 +585,12 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
     o.decode_attention_tma = false;
     const std::unique_ptr<Backend> copies = cuda_backend_with(o);
     TextSetup t;
-    setup_text(t, c.seqs, c.hkv, c.hd, 2, DType::kBF16, c.page);
+    setup_text(t, c.seqs, c.hkv, c.hd, 2, c.kv, c.page);
     std::string desc = std::to_string(c.seqs.size()) + " seqs, context " + std::to_string(c.seqs[0].second) + ", " +
                        std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " dh" + std::to_string(c.hd) + " page " +
-                       std::to_string(c.page) + (c.cluster ? "" : " L2 merge");
-    // NaN in every K and V row past each context, in its last page (this layer, all kv heads).
+                       std::to_string(c.page) + (c.cluster ? "" : " L2 merge") + (c.kv == f8 ? " kv:fp8" : "");
+    // NaN in every K and V row past each context, in its last page (this layer, all kv heads):
+    // BF16 0x7FC0, or the E4M3 code 0x7F.
     std::vector<uint8_t> bytes = t.device_cache;
     const size_t row = t.cg.token_bytes_per_layer();
     const int max_pages = static_cast<int>(t.table.size() / c.seqs.size());
@@ -586,9 +599,13 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
         for (int v = 0; v < 2; ++v) {
           const size_t at = static_cast<size_t>(t.table[b * max_pages + i / c.page]) * t.cg.page_bytes() +
                             layer * t.cg.layer_bytes() + (v * c.page + i % c.page) * row;
-          for (size_t e = 0; e < row / 2; ++e) {
-            bytes[at + 2 * e] = 0xC0;  // BF16 0x7FC0: NaN
-            bytes[at + 2 * e + 1] = 0x7F;
+          if (c.kv == f8) {
+            std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(at), row, uint8_t{0x7F});
+          } else {
+            for (size_t e = 0; e < row / 2; ++e) {
+              bytes[at + 2 * e] = 0xC0;  // little-endian 0x7FC0
+              bytes[at + 2 * e + 1] = 0x7F;
+            }
           }
         }
     cuda()->copy_to_device(t.cache_mem.g, bytes.data());

@@ -43,11 +43,13 @@
 // first key round is issued, so that the keys go first, and only where that round is the split's
 // only one (a later round's keys would wait behind the prefetch).
 //
-// On sm_90+ a BF16 cache with pages of a multiple of 16 tokens reaches the stages through TMA
+// On sm_90+ a cache with pages of a multiple of 16 tokens reaches the stages through TMA
 // (kTma, CudaBackendOptions::decode_attention_tma): one thread issues a box per 16 keys for K and
 // one for V (a tensor map over the layer's cache in the 128-byte swizzle) where every thread
 // issued 16-byte cp.async for its share: a round's 32 KB in 8 requests instead of 2048, which
-// took the blocks ~1.8 us to issue (bench/RESULTS.md run 35, item 9). The same arithmetic.
+// took the blocks ~1.8 us to issue (bench/RESULTS.md run 35, item 9). The same arithmetic. An
+// FP8 cache's rounds come the same way into its raw stages (unswizzled boxes of 16 rows of a
+// head's HD bytes), 8 requests where its cp.async took 1024 (bench/RESULTS.md run 45).
 #include "backend/cuda/attention_cache.cuh"
 #include "backend/cuda/attention_decode_keys.cuh"
 #include "backend/cuda/attention_decode_prepare.cuh"
@@ -268,22 +270,25 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
 // Each block arrives at a cluster barrier on entry and waits on it just before its first remote
 // store: every block of the cluster has then started and initialised its inbox's mbarrier.
-// kTma: the key rounds through TMA (BF16 cache; see the header and tma_round).
+// kTma: the key rounds through TMA (see the header, tma_round and tma_issue_fp8).
 template <int HD, bool kFp8, bool kCluster, bool kTma>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
-  static_assert(!(kFp8 && kTma), "TMA copies the cache's bytes: BF16 only");
   static_assert(1023 + kStages * tma_stage_bytes<HD>() <= stages_bytes<HD>(),
                 "TMA stages fit where the padded stages lie, from the first 1024-aligned byte");
   constexpr int KS = HD / 16;  // k-steps of Q.K^T
   constexpr int MT = HD / 16;  // 16-dim tiles of O^T
-  constexpr int kStageBytes = stage_bytes<HD, kTma>();
-  static_assert(stage_bytes<HD, false>() + 2 * raw_stage_bytes<HD>() <= stages_bytes<HD>(),
-                "kFp8: one BF16 stage and two raw stages fit where the stages lie");
+  // The BF16 stages hold TMA boxes (a BF16 cache through TMA); an FP8 cache's boxes land in its
+  // raw stages and are widened into the padded layout.
+  constexpr bool kBoxes = kTma && !kFp8;
+  constexpr int kStageBytes = stage_bytes<HD, kBoxes>();
+  static_assert(stage_bytes<HD, false>() + 127 + 2 * raw_stage_bytes<HD>() <= stages_bytes<HD>(),
+                "kFp8: one BF16 stage and two 128-aligned raw stages fit where the stages lie");
   extern __shared__ __align__(16) char smem[];
   // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte; kFp8: one
-  // BF16 stage, then two raw stages (load_round_fp8).
-  char* kv = kTma ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
-  char* const raw0 = smem + stage_bytes<HD, false>();
+  // BF16 stage, then two raw stages from the next 128-aligned byte (load_round_fp8, tma_issue_fp8).
+  char* kv = kBoxes ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
+  char* const raw0 =
+      smem + stage_bytes<HD, false>() + ((128 - (smem_u32(smem + stage_bytes<HD, false>()) & 127)) & 127);
   auto raw_stage = [raw0](int s) { return raw0 + s * raw_stage_bytes<HD>(); };
   char* qs = smem + stages_bytes<HD>();                        // [8 heads][pitch]
   char* nbuf = qs + kMaxGroup * pitch<HD>();                   // [k, v][pitch]
@@ -390,11 +395,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   // first keys: both chains are dependent loads, and a block that becomes resident late (as the
   // previous kernel's blocks leave) runs them after the wait, on the merge's critical path.
   const int issuers = p.fused ? kThreads - 32 : kThreads;
-  // kTma: thread 0 looks up the pages of the next round to issue a round ahead (tma_lookup). The
-  // cp.async rounds keep their lookups: each thread's share of them measured slower a round
-  // ahead (bench/RESULTS.md run 45).
+  // kFp8: round 1's bytes go in flight before the wait too (into the second raw stage); the loop
+  // issues round r + 2 once round r is widened.
+  const bool second = kFp8 && nrounds > 1 && p.debug_exit != 8;
+  // kTma: thread 0 looks up the pages of the next round the loop issues (round 1, kFp8: 2) a round
+  // ahead (tma_lookup). The cp.async rounds keep their lookups: each thread's share of them
+  // measured slower a round ahead (bench/RESULTS.md run 45).
+  constexpr int kAhead = kFp8 ? 2 : 1;
   RoundPages ahead;
-  const bool look_ahead = kTma && nrounds > 1 && p.debug_exit != 8;
+  const bool look_ahead = kTma && nrounds > kAhead && p.debug_exit != 8;
   auto look_up = [&](int k) {  // the round from key k (< k_end)
     if (threadIdx.x == 0) tma_lookup(p, pt, k, min(kRound, k_end - k), ahead);
   };
@@ -402,8 +411,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     // Thread 0 issues the round; the step table's pages were loaded by warp 0's first lanes.
     if (warp == 0) {
       __syncwarp();
-      if (r0 > 0 && p.debug_exit != 7 && lane == 0)
-        tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], p.step_mode == 2 ? s_desc + 1 : nullptr);
+      if (r0 > 0 && p.debug_exit != 7 && lane == 0) {
+        const int32_t* pages = p.step_mode == 2 ? s_desc + 1 : nullptr;
+        if constexpr (kFp8) {
+          tma_round_fp8<HD>(p, raw_stage(0), pt, kvh, k_begin, r0, &s_keys[0], pages);
+          const int k1 = k_begin + kRound;
+          if (second) tma_round_fp8<HD>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), &s_keys[1]);
+        } else {
+          tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], pages);
+        }
+      }
       __syncwarp();
       // The prefetch after the keys, by the warp that issued them (see below).
       if (nrounds == 1) prefetch_l2(p, lane, 32);
@@ -426,16 +443,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       load_round_bf16<HD, kThreads>(p, kv, pt, kvh, k_begin, r0, newest, pages);
     }
   }
-  if (look_ahead) look_up(k_begin + kRound);
+  if (look_ahead) look_up(k_begin + kAhead * kRound);
   if constexpr (kFp8) {
-    // Round 1's bytes go in flight too; round 0 is widened (by its copiers) before the wait, as
-    // its BF16 stage would have been filled.
-    if (nrounds > 1 && p.debug_exit != 8) {
-      const int k1 = k_begin + kRound;
-      load_round_fp8<HD, kThreads>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), newest);
+    // Round 0 is widened before the wait (as its BF16 stage would have been filled), by the
+    // threads that copied it (cp.async) or the same threads once its boxes landed (TMA).
+    if constexpr (kTma) {
+      if (r0 > 0 && p.debug_exit != 7 && static_cast<int>(threadIdx.x) < issuers) mbar_wait(&s_keys[0], 0);
+    } else {
+      if (second) {
+        const int k1 = k_begin + kRound;
+        load_round_fp8<HD, kThreads>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), newest);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // round 0's group
     }
-    cp_async_commit();
-    cp_async_wait<1>();  // round 0's group
     if (static_cast<int>(threadIdx.x) < issuers && p.debug_exit != 7) {
       if (p.fused)
         widen_fp8<HD, kThreads - 32>(raw_stage(0), kv, k_begin, r0, newest);
@@ -452,6 +473,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   auto keys_landed = [&] {
     if constexpr (kTma) {
       if (r0 > 0 && p.debug_exit != 7) mbar_wait(&s_keys[0], 0);
+      if (second && p.debug_exit != 7) mbar_wait(&s_keys[1], 0);
     } else {
       cp_async_wait<0>();
     }
@@ -554,7 +576,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (r + 1 < nrounds && p.debug_exit != 8) {
       const int k1 = k0 + kRound;
       char* next = kv + ((r + 1) % kStages) * kStageBytes;
-      if constexpr (kTma) {
+      if constexpr (kBoxes) {
         if (threadIdx.x == 0) {
           // The block's reads and writes of this stage (two rounds ago) come before the boxes.
           QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
@@ -567,16 +589,21 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         zero_tail<HD>(next, min(kRound, k_end - k1));
       }
     }
-    if constexpr (kTma) {
-      if (load) mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
-      if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
-    } else if constexpr (kFp8) {
-      // Round r (r >= 1) is every group but the newest (round r + 1's, committed last round); the
-      // BF16 stage is free since the last round's barrier. Each thread widens its own copies.
+    if constexpr (kFp8) {
+      // Round r (r >= 1): through TMA, its boxes landed; by cp.async, it is every group but the
+      // newest (round r + 1's, committed last round), and each thread widens its own copies. The
+      // BF16 stage is free since the last round's barrier.
       if (r > 0) {
-        cp_async_wait<1>();
+        if constexpr (kTma) {
+          if (load) mbar_wait(&s_keys[r % 2], (r / 2) & 1);
+        } else {
+          cp_async_wait<1>();
+        }
         widen_fp8<HD, kThreads>(raw_stage(r % 2), kst, k0, min(kRound, k_end - k0), newest);
       }
+    } else if constexpr (kTma) {
+      if (load) mbar_wait(&s_keys[r % kStages], (r / kStages) & 1);
+      if (k_end - k0 < kRound) tma_zero_tail<HD>(kst, k_end - k0);
     } else {
       cp_async_commit();
       cp_async_wait<1>();
@@ -587,9 +614,18 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       // widened; round 0's copiers passed a barrier since), committed even when empty, so that
       // the group of round r + 1 is always the newest but one.
       const int k2 = k0 + 2 * kRound;
-      if (k2 < k_end && p.debug_exit != 8)
-        load_round_fp8<HD, kThreads>(p, raw_stage(r % 2), pt, kvh, k2, min(kRound, k_end - k2), newest);
-      cp_async_commit();
+      if (k2 < k_end && p.debug_exit != 8) {
+        if constexpr (kTma) {
+          if (threadIdx.x == 0) {
+            QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));  // after the widening's reads
+            tma_issue_fp8<HD>(p, raw_stage(r % 2), kvh, min(kRound, k_end - k2), ahead, &s_keys[r % 2]);
+          }
+          if (k2 + kRound < k_end) look_up(k2 + kRound);
+        } else {
+          load_round_fp8<HD, kThreads>(p, raw_stage(r % 2), pt, kvh, k2, min(kRound, k_end - k2), newest);
+        }
+      }
+      if constexpr (!kTma) cp_async_commit();
     }
     if (r == 0) stamp(p, 4);
     if (r == 0) {
@@ -607,9 +643,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       const int mi = lane >> 3;
       // This lane's ldmatrix rows: key kk of K (A of S^T), key kv_ of V (A of O^T, transposed).
       const int kk = kw + (lane & 7) + (mi & 1) * 8, kv_ = kw + (lane & 7) + (mi >> 1) * 8;
-      const RowAddr krow = k0 + kk == newest ? RowAddr::padded(nbuf) : stage_row<HD, kTma>(kst, kk, false);
+      const RowAddr krow = k0 + kk == newest ? RowAddr::padded(nbuf) : stage_row<HD, kBoxes>(kst, kk, false);
       const RowAddr vrow =
-          k0 + kv_ == newest ? RowAddr::padded(nbuf + pitch<HD>()) : stage_row<HD, kTma>(kst, kv_, true);
+          k0 + kv_ == newest ? RowAddr::padded(nbuf + pitch<HD>()) : stage_row<HD, kBoxes>(kst, kv_, true);
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];
@@ -818,16 +854,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   if (threadIdx.x == 0) p.counters[seq * p.hkv + kvh] = 0;  // ready for the next step (and graph replay)
 }
 
-// The decode kernel for a head dim (64 or 128), cache dtype and key copies (tma: BF16 only).
+// The decode kernel for a head dim (64 or 128), cache dtype and key copies.
 template <bool kCluster>
 auto decode_kernel_for(int hd, bool fp8, bool tma) {
   if (hd == 64)
-    return fp8   ? decode_kernel<64, true, kCluster, false>
-           : tma ? decode_kernel<64, false, kCluster, true>
-                 : decode_kernel<64, false, kCluster, false>;
-  return fp8   ? decode_kernel<128, true, kCluster, false>
-         : tma ? decode_kernel<128, false, kCluster, true>
-               : decode_kernel<128, false, kCluster, false>;
+    return fp8 ? (tma ? decode_kernel<64, true, kCluster, true> : decode_kernel<64, true, kCluster, false>)
+               : (tma ? decode_kernel<64, false, kCluster, true> : decode_kernel<64, false, kCluster, false>);
+  return fp8 ? (tma ? decode_kernel<128, true, kCluster, true> : decode_kernel<128, true, kCluster, false>)
+             : (tma ? decode_kernel<128, false, kCluster, true> : decode_kernel<128, false, kCluster, false>);
 }
 
 template <int HD, bool kFp8, bool kTma>
@@ -839,13 +873,25 @@ void configure_one() {
 }
 
 // The layer's cache as TMA boxes of 16 rows of one kv head (DecodeParams::kv_map), or false
-// where the cache does not allow them (FP8, pages not a multiple of 16 tokens, alignment) or the
+// where the cache does not allow them (pages not a multiple of 16 tokens, alignment) or the
 // driver cannot encode them: the cp.async rounds then take the keys.
 bool encode_kv_map(CUtensorMap* map, const KvCacheView& cache, const CacheGeometry& geo, int hd) {
-  if (cache.dtype != DType::kBF16 || cache.head_dim != hd || hd % 64 != 0 || cache.page_size % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(geo.base + geo.layer_offset) % 16 != 0 || geo.token_bytes % 16 != 0 ||
-      geo.page_bytes % 16 != 0 || cache.num_pages <= 0)
+  if ((cache.dtype != DType::kBF16 && cache.dtype != DType::kF8E4M3) || cache.head_dim != hd || hd % 64 != 0 ||
+      cache.page_size % 16 != 0 || reinterpret_cast<uintptr_t>(geo.base + geo.layer_offset) % 16 != 0 ||
+      geo.token_bytes % 16 != 0 || geo.page_bytes % 16 != 0 || cache.num_pages <= 0)
     return false;
+  if (cache.dtype == DType::kF8E4M3) {
+    // Unswizzled boxes of a whole head's row (HD bytes, seen as HD / 2 BF16 pairs) x 16 rows:
+    // innermost first, the row's bytes, K rows then V rows of a page, kv heads, pages
+    // (tma_issue_fp8).
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd / 2), static_cast<cuuint64_t>(2 * cache.page_size),
+                                static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(cache.num_pages)};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(geo.token_bytes), static_cast<cuuint64_t>(hd),
+                                   static_cast<cuuint64_t>(geo.page_bytes)};
+    const cuuint32_t box[4] = {static_cast<cuuint32_t>(hd / 2), 16, 1, 1};
+    return wgmma::encode_bf16_tiles(map, 4, geo.base + geo.layer_offset, dims, strides, box, false,
+                                    "decode attention (FP8 cache)");
+  }
   // Innermost first: 64 values, K rows then V rows of a page (V's row j is row page_size + j at
   // the token stride), the head's halves, kv heads, pages.
   const cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(2 * cache.page_size), static_cast<cuuint64_t>(hd / 64),
@@ -874,6 +920,8 @@ int configure_decode_attention(bool clusters) {
   configure_one<128, true, false>();
   configure_one<64, false, true>();
   configure_one<128, false, true>();
+  configure_one<64, true, true>();
+  configure_one<128, true, true>();
   if (!clusters) return 0;
   // Clusters of up to kMaxClusterSplits splits where the device can hold one (the shared memory
   // of the largest head dim decides), else the portable 8.
@@ -896,7 +944,8 @@ int configure_decode_attention(bool clusters) {
       largest = kMaxClusterSplits;
     for (auto* k : {decode_kernel<64, false, true, false>, decode_kernel<64, true, true, false>,
                     decode_kernel<128, true, true, false>, decode_kernel<64, false, true, true>,
-                    decode_kernel<128, false, true, true>})
+                    decode_kernel<128, false, true, true>, decode_kernel<64, true, true, true>,
+                    decode_kernel<128, true, true, true>})
       if (largest == kMaxClusterSplits &&
           cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
         largest = 8;

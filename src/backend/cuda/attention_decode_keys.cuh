@@ -212,6 +212,39 @@ __device__ __forceinline__ void tma_round(const Params& p, char* stage, const in
   tma_issue<HD>(p, stage, kvh, rows, rp, bar);
 }
 
+// The same for an FP8 cache's raw stages (kTma with kFp8): a 16-key group's K (or V) rows of one
+// kv head land unswizzled as one box of 16 rows x HD bytes (a tensor map of BF16 pairs over the
+// cache's bytes), at their rows of the raw stage, so widen_fp8 reads them as it reads the
+// cp.async copies.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  QVL_SM90(
+      asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                   "%3, %4, %5}], [%6];" ::"r"(smem_u32(dst)),
+                   "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+                   : "memory"));
+}
+template <int HD, class Params>
+__device__ __forceinline__ void tma_issue_fp8(const Params& p, char* raw, int kvh, int rows, const RoundPages& rp,
+                                              uint64_t* bar) {
+  constexpr int kGroups = kRound / 16, kBox = 16 * HD;
+  const int groups = (rows + 15) / 16;
+  mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * kBox));
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    if (q >= groups) break;
+    tma_load_4d(raw + q * kBox, &p.kv_map, 0, rp.off[q], kvh, rp.page[q], bar);
+    tma_load_4d(raw + kRound * HD + q * kBox, &p.kv_map, 0, p.cache.page_size + rp.off[q], kvh, rp.page[q], bar);
+  }
+}
+template <int HD, class Params>
+__device__ __forceinline__ void tma_round_fp8(const Params& p, char* raw, const int32_t* pt, int kvh, int k0, int rows,
+                                              uint64_t* bar, const int32_t* pages = nullptr) {
+  RoundPages rp;
+  tma_lookup(p, pt, k0, rows, rp, pages);
+  tma_issue_fp8<HD>(p, raw, kvh, rows, rp, bar);
+}
+
 // zero_tail for a landed TMA stage: V rows [valid, kRound) to zero, the last group's rows past
 // the end (what the page held there) and the groups not loaded. Whole 128-byte lines, so the
 // swizzle does not matter.
