@@ -569,7 +569,7 @@ TEST(GpuOps, TextDecodeTmaSameBits) {
       {{{1, 2000}, {1, 33}, {1, 700}}, 32, 8, 128, 16, true},
       {{{1, 700}, {1, 45}}, 16, 8, 128, 64, true},
       {{{1, 300}, {1, 1}}, 4, 2, 64, 16, true},
-      // An FP8 cache: its boxes widened from the raw stages (tma_issue_fp8).
+      // An FP8 cache: its boxes widened from the raw stages (tma_issue).
       {{{1, 1}}, 16, 8, 128, 16, true, f8},
       {{{1, 20000 + 37}}, 16, 8, 128, 16, true, f8},
       {{{1, 5000}}, 16, 8, 128, 16, false, f8},

@@ -5,9 +5,9 @@
 // each K/V row is read once for the group. The split count depends only on the number of
 // sequences (graph-safe); the keys of a split follow the actual context length, read on the
 // device. Keys go through shared memory in rounds of 64 (two stages, cp.async for a BF16 cache;
-// an FP8 cache's bytes come by cp.async into two raw stages, two rounds ahead, and are widened to
-// BF16 into one stage). Each of the 4 warps takes 16 keys of a round
-// and runs its own online softmax, so warps never wait for each other inside a split:
+// an FP8 cache's bytes come into two raw stages, two rounds ahead, and are widened to BF16 into
+// one stage). Each of the 4 warps takes 16 keys of a round and runs its own online softmax, so
+// warps never wait for each other inside a split:
 //   S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
 //   O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
 //                                                    FlashAttention and SDPA round it)
@@ -270,7 +270,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, char* smem,
 // blocks along x (rank = split), merged through distributed shared memory (see the header).
 // Each block arrives at a cluster barrier on entry and waits on it just before its first remote
 // store: every block of the cluster has then started and initialised its inbox's mbarrier.
-// kTma: the key rounds through TMA (see the header, tma_round and tma_issue_fp8).
+// kTma: the key rounds through TMA (see the header and tma_issue).
 template <int HD, bool kFp8, bool kCluster, bool kTma>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   static_assert(1023 + kStages * tma_stage_bytes<HD>() <= stages_bytes<HD>(),
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
                 "kFp8: one BF16 stage and two 128-aligned raw stages fit where the stages lie");
   extern __shared__ __align__(16) char smem[];
   // [stage][2 * kRound rows][pitch], or TMA stages from the first 1024-aligned byte; kFp8: one
-  // BF16 stage, then two raw stages from the next 128-aligned byte (load_round_fp8, tma_issue_fp8).
+  // BF16 stage, then two raw stages from the next 128-aligned byte (load_round_fp8, tma_issue).
   char* kv = kBoxes ? smem + ((1024 - (smem_u32(smem) & 1023)) & 1023) : smem;
   char* const raw0 =
       smem + stage_bytes<HD, false>() + ((128 - (smem_u32(smem + stage_bytes<HD, false>()) & 127)) & 127);
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const int issuers = p.fused ? kThreads - 32 : kThreads;
   // kFp8: round 1's bytes go in flight before the wait too (into the second raw stage); the loop
   // issues round r + 2 once round r is widened.
-  const bool second = kFp8 && nrounds > 1 && p.debug_exit != 8;
+  const bool second = kFp8 && nrounds > 1 && p.debug_exit != 8 && p.debug_exit != 7;
   // kTma: thread 0 looks up the pages of the next round the loop issues (round 1, kFp8: 2) a round
   // ahead (tma_lookup). The cp.async rounds keep their lookups: each thread's share of them
   // measured slower a round ahead (bench/RESULTS.md run 45).
@@ -414,11 +414,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       if (r0 > 0 && p.debug_exit != 7 && lane == 0) {
         const int32_t* pages = p.step_mode == 2 ? s_desc + 1 : nullptr;
         if constexpr (kFp8) {
-          tma_round_fp8<HD>(p, raw_stage(0), pt, kvh, k_begin, r0, &s_keys[0], pages);
+          tma_round<HD, true>(p, raw_stage(0), pt, kvh, k_begin, r0, &s_keys[0], pages);
           const int k1 = k_begin + kRound;
-          if (second) tma_round_fp8<HD>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), &s_keys[1]);
+          if (second) tma_round<HD, true>(p, raw_stage(1), pt, kvh, k1, min(kRound, k_end - k1), &s_keys[1]);
         } else {
-          tma_round<HD>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], pages);
+          tma_round<HD, false>(p, kv, pt, kvh, k_begin, r0, &s_keys[0], pages);
         }
       }
       __syncwarp();
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   auto keys_landed = [&] {
     if constexpr (kTma) {
       if (r0 > 0 && p.debug_exit != 7) mbar_wait(&s_keys[0], 0);
-      if (second && p.debug_exit != 7) mbar_wait(&s_keys[1], 0);
+      if (second) mbar_wait(&s_keys[1], 0);
     } else {
       cp_async_wait<0>();
     }
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         if (threadIdx.x == 0) {
           // The block's reads and writes of this stage (two rounds ago) come before the boxes.
           QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-          tma_issue<HD>(p, next, kvh, min(kRound, k_end - k1), ahead, &s_keys[(r + 1) % kStages]);
+          tma_issue<HD, false>(p, next, kvh, min(kRound, k_end - k1), ahead, &s_keys[(r + 1) % kStages]);
         }
         // The round after it: its pages' loads land while this round computes.
         if (r + 2 < nrounds) look_up(k1 + kRound);
@@ -610,15 +610,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     }
     __syncthreads();
     if constexpr (kFp8) {
-      // Round r + 2 into the raw stage just widened (each thread rewrites only the columns it
-      // widened; round 0's copiers passed a barrier since), committed even when empty, so that
-      // the group of round r + 1 is always the newest but one.
+      // Round r + 2 into the raw stage just widened (by cp.async, each thread rewrites only the
+      // columns it widened, and round 0's copiers passed a barrier since; its group is committed
+      // even when empty, so that round r + 1's is always the newest but one).
       const int k2 = k0 + 2 * kRound;
       if (k2 < k_end && p.debug_exit != 8) {
         if constexpr (kTma) {
           if (threadIdx.x == 0) {
             QVL_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));  // after the widening's reads
-            tma_issue_fp8<HD>(p, raw_stage(r % 2), kvh, min(kRound, k_end - k2), ahead, &s_keys[r % 2]);
+            tma_issue<HD, true>(p, raw_stage(r % 2), kvh, min(kRound, k_end - k2), ahead, &s_keys[r % 2]);
           }
           if (k2 + kRound < k_end) look_up(k2 + kRound);
         } else {
@@ -883,7 +883,7 @@ bool encode_kv_map(CUtensorMap* map, const KvCacheView& cache, const CacheGeomet
   if (cache.dtype == DType::kF8E4M3) {
     // Unswizzled boxes of a whole head's row (HD bytes, seen as HD / 2 BF16 pairs) x 16 rows:
     // innermost first, the row's bytes, K rows then V rows of a page, kv heads, pages
-    // (tma_issue_fp8).
+    // (tma_issue).
     const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hd / 2), static_cast<cuuint64_t>(2 * cache.page_size),
                                 static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(cache.num_pages)};
     const cuuint64_t strides[3] = {static_cast<cuuint64_t>(geo.token_bytes), static_cast<cuuint64_t>(hd),

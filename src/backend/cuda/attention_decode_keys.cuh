@@ -108,8 +108,9 @@ __device__ __forceinline__ void load_round_fp8(const Params& p, char* raw, const
     cp_async16(dst + kRound * HD, src + p.cache.v_offset);
   }
 }
-// This thread's columns of a raw stage it copied (load_round_fp8 with the same NT; its copies
-// landed), widened exactly into the BF16 stage; its rows past `rows` as zeros (see zero_tail).
+// This thread's columns of a landed raw stage (the ones it copied by load_round_fp8 with the same
+// NT, or any share of a stage that came through TMA), widened exactly into the BF16 stage; its
+// rows past `rows` as zeros (see zero_tail).
 template <int HD, int NT>
 __device__ __forceinline__ void widen_fp8(const char* raw, char* stage, int k0, int rows, int newest) {
   using C = Fp8Columns<HD, NT>;
@@ -169,7 +170,7 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, i
 }
 
 // The pages and in-page offsets of a round's 16-key groups (keys [k0, k0 + rows)), from the page
-// table pt or from `pages` (as in load_round). Looked up apart from the boxes' issue, so that the
+// table pt or from `pages` (as in lookup_pages). Looked up apart from the boxes' issue, so that the
 // loop can look up a round's pages a round ahead: their loads are dependent global reads (an L2
 // round trip behind the keys in flight) that would otherwise precede every round's boxes.
 struct RoundPages {
@@ -184,38 +185,6 @@ __device__ __forceinline__ void tma_lookup(const Params& p, const int32_t* pt, i
       p, pt, pages, k0, [&](int q) { return 16 * min(q, groups - 1); }, rp.page, rp.off);
 }
 
-// Issues the K and V boxes of the 16-key groups that hold a round's `rows` keys, at the pages
-// tma_lookup found, completing on `bar` (one thread; a round's first key is a multiple of 16, and
-// so is the page size, so a group lies in one page). Rows past the end land too: their scores are
-// masked and tma_zero_tail zeroes their V rows.
-template <int HD, class Params>
-__device__ __forceinline__ void tma_issue(const Params& p, char* stage, int kvh, int rows, const RoundPages& rp,
-                                          uint64_t* bar) {
-  constexpr int kGroups = kRound / 16;
-  const int groups = (rows + 15) / 16;
-  mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * box_bytes<HD>()));
-#pragma unroll
-  for (int q = 0; q < kGroups; ++q) {
-    if (q >= groups) break;
-    char* dst = stage + q * 2 * box_bytes<HD>();
-    tma_load_5d(dst, &p.kv_map, 0, rp.off[q], 0, kvh, rp.page[q], bar);
-    tma_load_5d(dst + box_bytes<HD>(), &p.kv_map, 0, p.cache.page_size + rp.off[q], 0, kvh, rp.page[q], bar);
-  }
-}
-
-// Both at once: the round of keys [k0, k0 + rows).
-template <int HD, class Params>
-__device__ __forceinline__ void tma_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
-                                          uint64_t* bar, const int32_t* pages = nullptr) {
-  RoundPages rp;
-  tma_lookup(p, pt, k0, rows, rp, pages);
-  tma_issue<HD>(p, stage, kvh, rows, rp, bar);
-}
-
-// The same for an FP8 cache's raw stages (kTma with kFp8): a 16-key group's K (or V) rows of one
-// kv head land unswizzled as one box of 16 rows x HD bytes (a tensor map of BF16 pairs over the
-// cache's bytes), at their rows of the raw stage, so widen_fp8 reads them as it reads the
-// cp.async copies.
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
   QVL_SM90(
@@ -224,25 +193,41 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
                    "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
                    : "memory"));
 }
-template <int HD, class Params>
-__device__ __forceinline__ void tma_issue_fp8(const Params& p, char* raw, int kvh, int rows, const RoundPages& rp,
-                                              uint64_t* bar) {
-  constexpr int kGroups = kRound / 16, kBox = 16 * HD;
+
+// Issues the K and V boxes of the 16-key groups that hold a round's `rows` keys, at the pages
+// tma_lookup found, completing on `bar` (one thread; a round's first key is a multiple of 16, and
+// so is the page size, so a group lies in one page). Rows past the end land too: their scores are
+// masked and tma_zero_tail (widen_fp8) zeroes their V rows. BF16 (kRaw false): (K box, V box)
+// pairs in the 128-byte swizzle (stage_row). FP8 (kRaw): into a raw stage, a group's K (or V) rows
+// of one kv head as one unswizzled box of 16 rows x HD bytes (a tensor map of BF16 pairs over the
+// cache's bytes), at the rows where load_round_fp8 would copy them.
+template <int HD, bool kRaw, class Params>
+__device__ __forceinline__ void tma_issue(const Params& p, char* stage, int kvh, int rows, const RoundPages& rp,
+                                          uint64_t* bar) {
+  constexpr int kGroups = kRound / 16, kBox = kRaw ? 16 * HD : box_bytes<HD>();
   const int groups = (rows + 15) / 16;
   mbar_expect_tx(bar, static_cast<uint32_t>(groups * 2 * kBox));
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
     if (q >= groups) break;
-    tma_load_4d(raw + q * kBox, &p.kv_map, 0, rp.off[q], kvh, rp.page[q], bar);
-    tma_load_4d(raw + kRound * HD + q * kBox, &p.kv_map, 0, p.cache.page_size + rp.off[q], kvh, rp.page[q], bar);
+    const int k_row = rp.off[q], v_row = p.cache.page_size + rp.off[q];
+    if constexpr (kRaw) {
+      tma_load_4d(stage + q * kBox, &p.kv_map, 0, k_row, kvh, rp.page[q], bar);
+      tma_load_4d(stage + kRound * HD + q * kBox, &p.kv_map, 0, v_row, kvh, rp.page[q], bar);
+    } else {
+      tma_load_5d(stage + q * 2 * kBox, &p.kv_map, 0, k_row, 0, kvh, rp.page[q], bar);
+      tma_load_5d(stage + q * 2 * kBox + kBox, &p.kv_map, 0, v_row, 0, kvh, rp.page[q], bar);
+    }
   }
 }
-template <int HD, class Params>
-__device__ __forceinline__ void tma_round_fp8(const Params& p, char* raw, const int32_t* pt, int kvh, int k0, int rows,
-                                              uint64_t* bar, const int32_t* pages = nullptr) {
+
+// Both at once: the round of keys [k0, k0 + rows).
+template <int HD, bool kRaw, class Params>
+__device__ __forceinline__ void tma_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
+                                          uint64_t* bar, const int32_t* pages = nullptr) {
   RoundPages rp;
   tma_lookup(p, pt, k0, rows, rp, pages);
-  tma_issue_fp8<HD>(p, raw, kvh, rows, rp, bar);
+  tma_issue<HD, kRaw>(p, stage, kvh, rows, rp, bar);
 }
 
 // zero_tail for a landed TMA stage: V rows [valid, kRound) to zero, the last group's rows past
