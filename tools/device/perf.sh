@@ -3,7 +3,8 @@
 # as soon as it ends (so a later timeout loses nothing). At most 8 steps per call (8 files back).
 #   bash tools/device/perf.sh STEP...
 # Steps: gputests, tf-2b, tf-4b, cmp-2b, cmp-2b-fp8, cmp-4b-fp8, cmp-4b, cmp-8b, cmp-8b-fp8, plan, plan-2b,
-# plan-4b, imgbench, longctx (tools/device/long_context.sh with its defaults)
+# plan-4b, imgbench, longctx (tools/device/long_context.sh: 2b and 4b-fp8 at 4000 and 16000 prompt
+# tokens, with the BF16 and the FP8 KV cache)
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
@@ -41,7 +42,7 @@ for s in "$@"; do
     plan) step plan 540 python3 tools/bench/plan_vs_measured.py --out "$d" --simulate-8gb --refusal ;;
     plan-2b) step plan-2b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 2b,2b-fp8 ;;
     plan-4b) step plan-4b 420 python3 tools/bench/plan_vs_measured.py --out "$d" --presets 4b,4b-fp8 --simulate-8gb --refusal ;;
-    longctx) step longctx 480 bash tools/device/long_context.sh "$d" ;;
+    longctx) step longctx 540 bash tools/device/long_context.sh "$d" 2b,4b-fp8 4000,16000 bf16,fp8 ;;
     imgbench) step imgbench 120 python3 tools/bench/image_preprocess.py --file tests/fixtures/images/j09_12mp.jpg ;;
     *) echo "perf.sh: unknown step $s" ;;
   esac
