@@ -42,57 +42,37 @@ __device__ __forceinline__ void lookup_pages(const Params& p, const int32_t* pt,
   }
 }
 
-// Copies the K and V rows of keys [k0, k0 + rows) of a BF16 cache into a stage (row r < kRound: K
-// of key k0 + r; row kRound + r: V) by cp.async from threads [0, NT) (NT a multiple of HD / 8).
-// Each thread keeps one 16-byte column of the rows it copies, so the rows' page lookups are
+// How threads [0, NT) share the rows of a round in copies of 16 bytes: each keeps one 16-byte
+// column of rows r0, r0 + kRpp, ... (kPasses of them at most), so that its rows' page lookups are
 // independent loads issued together, and K and V of a row share one address. A loop with a lookup
-// per copy, each before its cp.async, runs 2 · kRound · HD / 8 / NT dependent loads in a row: on
-// the critical path of every key round, and of the first round of a block that becomes resident
-// late.
-template <int HD, int NT, class Params>
-__device__ __forceinline__ void load_round_bf16(const Params& p, char* stage, const int32_t* pt, int kvh, int k0,
-                                                int rows, int newest, const int32_t* pages = nullptr) {
-  constexpr int CPR = HD / 8;                        // 16-byte columns per row
-  constexpr int RPP = NT / CPR;                      // rows per pass of the NT threads
-  constexpr int kPasses = (kRound + RPP - 1) / RPP;  // rows per thread, at most
-  static_assert(NT % CPR == 0, "whole rows per pass");
-  const int chunk = static_cast<int>(threadIdx.x) % CPR, r0 = static_cast<int>(threadIdx.x) / CPR;
-  int32_t page[kPasses];
-  int off[kPasses];
-  lookup_pages(
-      p, pt, pages, k0, [&](int i) { return min(r0 + i * RPP, rows - 1); }, page, off);
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int r = r0 + i * RPP;
-    if (r >= rows || k0 + r == newest) continue;  // rows >= kRound never come; the newest key has its own buffer
-    const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
-    char* dst = stage + r * pitch<HD>() + chunk * 16;
-    cp_async16(dst, src);
-    cp_async16(dst + kRound * pitch<HD>(), src + p.cache.v_offset);
-  }
-}
-
-// ---- an FP8 cache: its bytes by cp.async into raw stages, widened in shared memory ----
-// A raw stage holds a round's K rows, then its V rows, HD bytes each, as the cache holds them. The
-// loop keeps two raw stages beside one BF16 stage (the cp.async layout): two rounds' bytes are in
-// flight while a third is worked on, in fewer bytes than the BF16 cache's two stages. Threads
-// [0, NT) copy one 16-byte column of their rows each (as load_round_bf16 does), and each widens
-// what it copied itself (widen_fp8), so a raw stage needs no barrier of its own.
-template <int HD>
-constexpr int raw_stage_bytes() {
-  return 2 * kRound * HD;
-}
-template <int HD, int NT>
-struct Fp8Columns {
-  static constexpr int kCpr = HD / 16;                        // 16-byte columns per raw row
+// per copy, each before its cp.async, runs its dependent loads in a row: on the critical path of
+// every key round, and of the first round of a block that becomes resident late.
+template <int kRowBytes, int NT>
+struct RowColumns {
+  static constexpr int kCpr = kRowBytes / 16;                 // 16-byte columns per row
   static constexpr int kRpp = NT / kCpr;                      // rows per pass of the NT threads
   static constexpr int kPasses = (kRound + kRpp - 1) / kRpp;  // rows per thread, at most
   static_assert(NT % kCpr == 0, "whole rows per pass");
 };
-template <int HD, int NT, class Params>
-__device__ __forceinline__ void load_round_fp8(const Params& p, char* raw, const int32_t* pt, int kvh, int k0, int rows,
-                                               int newest, const int32_t* pages = nullptr) {
-  using C = Fp8Columns<HD, NT>;
+
+// A raw stage (kFp8) holds a round's K rows, then its V rows, HD bytes each, as the cache holds
+// them. The loop keeps two raw stages beside one BF16 stage (the cp.async layout): two rounds'
+// bytes are in flight while a third is worked on, in fewer bytes than the BF16 cache's two
+// stages. Each thread widens what it copied itself (widen_fp8), so a raw stage needs no barrier of
+// its own.
+template <int HD>
+constexpr int raw_stage_bytes() {
+  return 2 * kRound * HD;
+}
+
+// Copies the K and V rows of keys [k0, k0 + rows) into a stage by cp.async from threads [0, NT)
+// (RowColumns), row r < kRound: K of key k0 + r, row kRound + r: V. A BF16 cache into a BF16
+// stage (rows pitch<HD>() apart); an FP8 cache (kFp8) into a raw stage (rows HD bytes apart).
+template <int HD, int NT, bool kFp8, class Params>
+__device__ __forceinline__ void load_round(const Params& p, char* stage, const int32_t* pt, int kvh, int k0, int rows,
+                                           int newest, const int32_t* pages = nullptr) {
+  using C = RowColumns<kFp8 ? HD : 2 * HD, NT>;
+  constexpr int kPitch = kFp8 ? HD : pitch<HD>();
   const int chunk = static_cast<int>(threadIdx.x) % C::kCpr, r0 = static_cast<int>(threadIdx.x) / C::kCpr;
   int32_t page[C::kPasses];
   int off[C::kPasses];
@@ -101,19 +81,20 @@ __device__ __forceinline__ void load_round_fp8(const Params& p, char* raw, const
 #pragma unroll
   for (int i = 0; i < C::kPasses; ++i) {
     const int r = r0 + i * C::kRpp;
-    if (r >= rows || k0 + r == newest) continue;  // the newest key has its own buffer
+    if (r >= rows || k0 + r == newest) continue;  // rows >= kRound never come; the newest key has its own buffer
     const char* src = cache_row(p.cache, page[i], off[i], kvh, HD, false) + chunk * 16;
-    char* dst = raw + r * HD + chunk * 16;
+    char* dst = stage + r * kPitch + chunk * 16;
     cp_async16(dst, src);
-    cp_async16(dst + kRound * HD, src + p.cache.v_offset);
+    cp_async16(dst + kRound * kPitch, src + p.cache.v_offset);
   }
 }
-// This thread's columns of a landed raw stage (the ones it copied by load_round_fp8 with the same
-// NT, or any share of a stage that came through TMA), widened exactly into the BF16 stage; its
+
+// This thread's columns of a landed raw stage (the ones it copied by load_round<HD, NT, true>, the
+// same NT, or any share of a stage that came through TMA), widened exactly into the BF16 stage; its
 // rows past `rows` as zeros (see zero_tail).
 template <int HD, int NT>
 __device__ __forceinline__ void widen_fp8(const char* raw, char* stage, int k0, int rows, int newest) {
-  using C = Fp8Columns<HD, NT>;
+  using C = RowColumns<HD, NT>;
   const int chunk = static_cast<int>(threadIdx.x) % C::kCpr, r0 = static_cast<int>(threadIdx.x) / C::kCpr;
 #pragma unroll
   for (int i = 0; i < C::kPasses; ++i) {
@@ -200,7 +181,7 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
 // masked and tma_zero_tail (widen_fp8) zeroes their V rows. BF16 (kRaw false): (K box, V box)
 // pairs in the 128-byte swizzle (stage_row). FP8 (kRaw): into a raw stage, a group's K (or V) rows
 // of one kv head as one unswizzled box of 16 rows x HD bytes (a tensor map of BF16 pairs over the
-// cache's bytes), at the rows where load_round_fp8 would copy them.
+// cache's bytes), at the rows where load_round would copy them.
 template <int HD, bool kRaw, class Params>
 __device__ __forceinline__ void tma_issue(const Params& p, char* stage, int kvh, int rows, const RoundPages& rp,
                                           uint64_t* bar) {
