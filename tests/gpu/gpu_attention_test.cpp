@@ -411,6 +411,10 @@ TEST(GpuOps, TextPrefillAttentionSplit) {
   run_text_attention("text_attention prefill", {{65, 700}, {2, 64}, {129, 129}}, 16, 8, 128, f8, &gpus);
   run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, DType::kBF16, &gpus);
   run_text_attention("text_attention prefill", {{129, 600}, {65, 65}, {1, 1}}, 4, 2, 64, f8, &gpus);
+  // An FP8 cache's raw tiles come two ahead of the one being widened: long shares (47 key tiles),
+  // with a share's last tiles before and after the rows it widens.
+  run_text_attention("text_attention prefill", {{300, 3000}, {70, 70}}, 16, 8, 128, f8, &gpus);
+  run_text_attention("text_attention prefill", {{130, 2000}, {2, 130}}, 4, 2, 64, f8, &gpus);
 }
 
 // Pages of other sizes than 16: powers of two (page lookups by shift; on sm_90 the

@@ -382,7 +382,7 @@ constexpr auto prefill_kernel() {
 
 template <int HD, bool kFp8Kv, bool QA>
 void run_prefill_qa(const LaunchContext& ctx, PagedParams prm, int num_tokens, int split, float scale) {
-  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps, 1, QA>();
+  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps, 1, QA, kFp8Kv>();
   // One query tile per 64 rows of each sequence: at most num_tokens / 64 + one partial tile per
   // sequence (blocks past the last tile return).
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
@@ -410,7 +410,7 @@ void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_token
 
 template <int HD, bool kFp8Kv, bool QA>
 void configure_prefill_qa() {
-  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps, 1, QA>());
+  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps, 1, QA, kFp8Kv>());
   QVL_CUDA_CHECK(
       cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   QVL_CUDA_CHECK(

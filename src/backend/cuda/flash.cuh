@@ -4,7 +4,8 @@
 //
 // A block owns BM = 16·WARPS·MT query rows of one head; warp w owns rows [16·MT·w, 16·MT·(w+1))
 // as MT m-tiles of 16 (MT = 2 reuses every K/V fragment for two mmas). Key
-// tiles of 64 rows stream through a two-stage cp.async ring in shared memory; S = Q·Kᵀ stays
+// tiles of 64 rows stream through a two-stage cp.async ring in shared memory (an FP8 cache: raw
+// tiles two ahead, each widened into one BF16 stage in its turn); S = Q·Kᵀ stays
 // in registers, the softmax is online (running max m and sum l per row, in the log2 domain),
 // P is rounded to BF16 and multiplied by V from the same registers (the S accumulator layout
 // of two n-tiles is the A-fragment layout of one k-step). Nothing is N²: memory per block is
@@ -69,13 +70,23 @@ constexpr size_t partial_bytes() {
   return static_cast<size_t>(16 * WARPS * MT) * (partial_pitch<HD>() + 2) * sizeof(float);
 }
 
+// An FP8 key tile as the cache holds it: K rows [BN][HD] bytes, then V rows [BN][HD] bytes.
+template <int HD>
+constexpr size_t raw_tile_bytes() {
+  return static_cast<size_t>(2 * Dims<HD>::BN * HD);
+}
+
 // MT: 16-row m-tiles per warp (BM = 16·WARPS·MT). QA: Q has no region of its own; it is loaded
 // into the K stage the first key tile does not use and moved to registers before that stage is
 // refilled (a quarter less shared memory: a third 4-warp block per SM for head dim 128).
-template <int HD, int WARPS, int MT = 1, bool QA = false>
+// FP8 (an FP8 KV cache): one BF16 K/V stage and two raw tiles, with Q in the V stage until the
+// first tile is widened into it (flash_body), whatever QA says: 66.8 KB at head dim 128 where
+// QA's BF16 layout takes 69.6.
+template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
-  const size_t tiles = static_cast<size_t>((QA ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
+  const size_t tiles = FP8 ? 2 * D::BN * D::SK * sizeof(bf16) + 2 * raw_tile_bytes<HD>()
+                           : static_cast<size_t>((QA ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
@@ -112,21 +123,39 @@ __device__ __forceinline__ void load_kv_rows(bf16* dk, bf16* dv, int valid, int6
   }
 }
 
-// The same for an FP8 E4M3 source (the FP8 KV cache): 8-byte loads, widened to BF16 exactly,
-// ordinary shared-memory stores (no cp.async: the data changes form on the way).
-template <int HD, int ROWS, int THREADS, class RowFn>
-__device__ __forceinline__ void load_kv_rows_fp8(bf16* dk, bf16* dv, int valid, int64_t delta, RowFn row) {
+// An FP8 E4M3 source (the FP8 KV cache) is copied as it is, by cp.async two tiles ahead, into a
+// raw tile (raw_tile_bytes), and widened to BF16 only when its turn comes (widen_kv_rows). Each
+// thread widens exactly the 16-byte columns it copied (the same loop over the same THREADS), so a
+// raw tile needs no barrier between its copies landing and their widening. Rows >= valid are
+// zero-filled, and widen to zeros.
+template <int HD, int THREADS, class RowFn>
+__device__ __forceinline__ void copy_kv_rows_fp8(uint8_t* raw, int valid, int64_t delta, RowFn row) {
+  constexpr int BN = Dims<HD>::BN, CPR = HD / 16;
+  for (int c = threadIdx.x; c < BN * CPR; c += THREADS) {
+    const int r = c / CPR, col = c % CPR;
+    const bool ok = r < valid;
+    const uint8_t* src = row(ok ? r : 0) + col * 16;
+    cp_async16(raw + r * HD + col * 16, src, ok);
+    cp_async16(raw + (BN + r) * HD + col * 16, src + delta, ok);
+  }
+}
+// Widens this thread's columns of a landed raw tile into the BF16 stage, exactly (fp8x8_to_bf16x8).
+// A column's 32 bytes go out as two 16-byte stores; columns 4..7 of a row store their upper half
+// first, so the 8 threads of a store phase (one row at head dim 128) fill distinct banks.
+template <int HD, int THREADS>
+__device__ __forceinline__ void widen_kv_rows(bf16* dk, bf16* dv, const uint8_t* raw) {
   using D = Dims<HD>;
-  for (int c = threadIdx.x; c < ROWS * D::CPR; c += THREADS) {
-    const int r = c / D::CPR, col = c % D::CPR;
-    uint4 k = make_uint4(0, 0, 0, 0), v = k;
-    if (r < valid) {
-      const uint8_t* src = row(r) + col * 8;
-      k = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src));
-      v = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + delta));
+  constexpr int BN = D::BN, CPR = HD / 16;
+  for (int c = threadIdx.x; c < BN * CPR; c += THREADS) {
+    const int r = c / CPR, col = c % CPR, h = (col >> 2) & 1;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const uint4 x = *reinterpret_cast<const uint4*>(raw + (v * BN + r) * HD + col * 16);
+      const uint4 lo = fp8x8_to_bf16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+      uint4* dst = reinterpret_cast<uint4*>((v ? dv : dk) + r * D::SK + col * 16);
+      dst[h] = h ? hi : lo;
+      dst[h ^ 1] = h ? lo : hi;
     }
-    *reinterpret_cast<uint4*>(dk + r * D::SK + col * 8) = k;
-    *reinterpret_cast<uint4*>(dv + r * D::SK + col * 8) = v;
   }
 }
 
@@ -215,11 +244,17 @@ template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA>
 __device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
   constexpr int BM = 16 * WARPS * MT, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
+  constexpr bool kFp8 = KvIsFp8<P>::value;
   static_assert(!QA || (BM <= BN && D::HDP == HD), "Q fits a K stage and needs no padded columns");
+  static_assert(!kFp8 || (BM <= BN && D::HDP == HD), "FP8: Q fits the V stage and needs no padded columns");
   extern __shared__ uint4 smem_raw[];
-  bf16* sq = reinterpret_cast<bf16*>(smem_raw);  // [BM][SK] (QA: set below, inside sk)
-  bf16* sk = QA ? sq : sq + BM * SK;             // [2][BN][SK]
-  bf16* sv = sk + 2 * BN * SK;                   // [2][BN][SK]
+  // BF16 cache: Q [BM][SK] (QA: set below, inside sk), K [2][BN][SK], V [2][BN][SK].
+  // FP8 cache: K [BN][SK], V [BN][SK] (Q until the first tile is widened), raw tiles [2].
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sk = QA || kFp8 ? sq : sq + BM * SK;
+  bf16* sv = sk + (kFp8 ? 1 : 2) * BN * SK;
+  uint8_t* raw = reinterpret_cast<uint8_t*>(sv + BN * SK);  // FP8 only
+  if constexpr (kFp8) sq = sv;
 
   grid_dep_wait();
   grid_dep_launch();
@@ -236,7 +271,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     kt_begin = all * rank / SPLIT;
     kt_end = all * (rank + 1) / SPLIT;
   }
-  if constexpr (QA) sq = sk + ((kt_begin + 1) & 1) * BN * SK;  // the stage kt_begin does not use
+  if constexpr (QA && !kFp8) sq = sk + ((kt_begin + 1) & 1) * BN * SK;  // the stage kt_begin does not use
 
   // Columns [HD, HDP) of Q and K take part in Q·Kᵀ: zero them once (cp.async never writes them).
   if (D::HDP > HD) {
@@ -247,18 +282,25 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   }
 
   const int64_t kv_delta = P::kv_delta(prm, tile);
+  // BF16: key tile kt into stage `stage`. FP8: its raw bytes into raw tile `stage`.
   auto load_kv = [&](int kt, int stage) {
     const int base = kt * BN;
     const int valid = min(BN, tile.kn - base);
     auto row = [&](int j) { return P::k_row(prm, tile, base + j); };
-    if constexpr (KvIsFp8<P>::value)
-      load_kv_rows_fp8<HD, BN, THREADS>(sk + stage * BN * SK, sv + stage * BN * SK, valid, kv_delta, row);
+    if constexpr (kFp8)
+      copy_kv_rows_fp8<HD, THREADS>(raw + stage * raw_tile_bytes<HD>(), valid, kv_delta, row);
     else
       load_kv_rows<HD, BN, THREADS>(sk + stage * BN * SK, sv + stage * BN * SK, valid, kv_delta, row);
   };
+  // FP8: two commit groups ahead, the first with Q; tile kt's raw bytes are in raw tile
+  // (kt - kt_begin) & 1, and tile kt + 2's follow them there.
   if (kt_begin < kt_end) {
     load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
-    load_kv(kt_begin, kt_begin & 1);
+    load_kv(kt_begin, kFp8 ? 0 : kt_begin & 1);
+    if constexpr (kFp8) {
+      cp_async_commit();
+      if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
+    }
   }
   cp_async_commit();
 
@@ -287,19 +329,33 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         ldmatrix_x4(qf[mt][ks], sq + (warp_row0 + mt * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
   };
   for (int kt = kt_begin; kt < kt_end; ++kt) {
-    if (QA && kt == kt_begin) {  // Q into registers before the next prefetch overwrites its stage
-      cp_async_wait<0>();
+    if constexpr (kFp8) {
+      const int stage = (kt - kt_begin) & 1;
+      cp_async_wait<1>();  // this thread's copies of tile kt (and at kt_begin, of Q)
+      __syncthreads();     // every warp is done with the BF16 stage (at kt_begin: Q has landed)
+      if (kt == kt_begin) {
+        load_q_fragments();
+        __syncthreads();  // Q is in registers before its stage is overwritten
+      }
+      widen_kv_rows<HD, THREADS>(sk, sv, raw + stage * raw_tile_bytes<HD>());
+      __syncthreads();  // the tile is in the BF16 stage, and its raw bytes are read
+      if (kt + 2 < kt_end) load_kv(kt + 2, stage);
+      cp_async_commit();
+    } else {
+      if (QA && kt == kt_begin) {  // Q into registers before the next prefetch overwrites its stage
+        cp_async_wait<0>();
+        __syncthreads();
+        load_q_fragments();
+        __syncthreads();
+      }
+      if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
       __syncthreads();
-      load_q_fragments();
-      __syncthreads();
+      if (!QA && kt == kt_begin) load_q_fragments();
     }
-    if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    if (!QA && kt == kt_begin) load_q_fragments();
-    const bf16* kb = sk + (kt & 1) * BN * SK;
-    const bf16* vb = sv + (kt & 1) * BN * SK;
+    const bf16* kb = kFp8 ? sk : sk + (kt & 1) * BN * SK;
+    const bf16* vb = kFp8 ? sv : sv + (kt & 1) * BN * SK;
 
     // S = Q·Kᵀ for 64 keys: 8 n-tiles of 8 keys.
     float s[MT][8][4];
@@ -408,7 +464,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         for (int mt = 0; mt < MT; ++mt) mma_m16n8k16(o[mt][n], pf[mt][kk], b[0], b[1]);
       }
     }
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    if constexpr (!kFp8) __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
   cp_async_wait<0>();
 
