@@ -387,7 +387,19 @@ TEST(GpuOps, TextPrefillAttention) {
   run_text_attention("text_attention prefill", {{64, 64}}, 32, 8, 128, DType::kBF16, &gpus);
   run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kBF16, &gpus);
   run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kBF16, &gpus);  // generic kernel
+  // Head dim 128 over an FP8 cache: on sm_90 the default backend's warpgroup-MMA kernel (its
+  // producer widens the raw tiles), the others' flash.cuh.
+  const int64_t wgmma_fp8 = cuda_fp8_gemm_counts(*cuda()).prefill_wgmma_fp8;
   run_text_attention("text_attention prefill", mixed, 16, 8, 128, DType::kF8E4M3, &gpus);
+  auto info = cuda_device_info(0);
+  if (info.is_ok() && info->compute_capability == 90) {
+    EXPECT_GT(cuda_fp8_gemm_counts(*cuda()).prefill_wgmma_fp8, wgmma_fp8) << "FP8 prefill by warpgroup MMA";
+  }
+  for (const auto& gpu : gpus.list()) {
+    if (gpu.be != cuda()) {
+      EXPECT_EQ(cuda_fp8_gemm_counts(*gpu.be).prefill_wgmma_fp8, 0) << gpu.label;
+    }
+  }
   run_text_attention("text_attention prefill", {{100, 250}, {3, 3}}, 4, 2, 64, DType::kF8E4M3, &gpus);
   run_text_attention("text_attention prefill", {{9, 20}, {2, 2}}, 2, 1, 40, DType::kF8E4M3, &gpus);
 }
@@ -426,6 +438,7 @@ TEST(GpuOps, TextAttentionPageSizes) {
   for (int page : {4, 12, 64, 256}) {
     run_text_attention("text_attention prefill", {{37, 301}, {64, 128}, {5, 5}}, 16, 8, 128, DType::kBF16, &gpus, page);
     run_text_attention("text_attention prefill", {{100, 250}}, 4, 2, 64, DType::kF8E4M3, &gpus, page);
+    run_text_attention("text_attention prefill", {{37, 301}, {5, 5}}, 16, 8, 128, DType::kF8E4M3, &gpus, page);
     run_text_attention("text_attention decode", {{1, 700}, {1, 33}}, 16, 8, 128, DType::kBF16, nullptr, page);
     run_text_attention("text_attention decode", {{1, 300}}, 4, 2, 64, DType::kF8E4M3, nullptr, page);
   }

@@ -26,8 +26,15 @@
 // The heaviest query tile's 13 key tiles run in one block, on one SM, at about the tensor cores'
 // rate; a key split of the late tiles would spread them (not done).
 //
+// An FP8 cache (kFp8): the producer's thread 0 brings each key tile's raw bytes by TMA into one
+// of kRawStages raw tiles (unswizzled boxes of a head's 128-byte rows, as the decode attention's
+// FP8 map reads them), and the producer warpgroup's 128 threads widen them exactly
+// (fp8x8_to_bf16x8) into the ring's stage in the 128-byte swizzle, fence them for the async proxy,
+// meet on a named barrier, and thread 0 arrives on the stage's full barrier and refills the raw
+// tile. The consumers run as for a BF16 cache.
+//
 // Needs sm_90a: built with attention_vision_wgmma.cu's flags; the host asks
-// prefill_wgmma_available() first. FP8 caches, other head dims and page sizes take flash.cuh.
+// prefill_wgmma_available() first. Other head dims and page sizes take flash.cuh.
 #include <cuda.h>
 
 #include <algorithm>
@@ -49,11 +56,19 @@ constexpr int kCWG = 2;                            // consumer warpgroups of 64 
 constexpr int kBM = 64 * kCWG;                     // query rows per block
 constexpr int kThreads = 128 * (kCWG + 1);         // warpgroup 0: producer
 using Smem = RingSmem<kCWG, kStages, kTileBytes>;  // Q: [kCWG][2 halves][64 rows][128 B]
-constexpr int kSmemBytes = Smem::kBytes;
-// Registers per thread after setmaxnreg (one block per SM): the producer's 24 pay for the
-// consumers' 160.
-constexpr int kProducerRegs = 24, kConsumerRegs = 160;
-static_assert((kProducerRegs + kCWG * kConsumerRegs) * 128 <= 65536, "register file");
+// FP8: a raw tile is a key tile's K rows then its V rows, 128 bytes each, after the ring's
+// barriers (256 bytes past its tiles); its barriers follow the ring's.
+constexpr int kRawTileBytes = 2 * kBN * kHD;
+constexpr int kRawStages = 2;
+template <bool kFp8>
+constexpr int kSmemBytes = Smem::kBytes + (kFp8 ? kRawStages * kRawTileBytes : 0);
+// Registers per thread after setmaxnreg (one block per SM): the producer's 24 (96 where it widens
+// an FP8 cache's tiles, 4 columns at a time) pay for the consumers' 160.
+template <bool kFp8>
+constexpr int kProducerRegs = kFp8 ? 96 : 24;
+constexpr int kConsumerRegs = 160;
+static_assert((kProducerRegs<true> + kCWG * kConsumerRegs) * 128 <= 65536, "register file");
+static_assert(1 + 2 * kStages + kRawStages <= 32, "the raw tiles' barriers fit the ring's 256 bytes");
 
 struct Params {
   bf16* out;
@@ -82,16 +97,40 @@ __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// A landed raw tile (K rows, then V rows, 128 bytes each) widened by the producer warpgroup's
+// thread `tid` (of 128) into a stage's K and V tiles: BF16 in the 128-byte swizzle, as TMA
+// would have written a BF16 cache's rows. Thread tid takes the raw tile's 16-byte columns tid +
+// 128 i; a column's 16 values are chunks q and q + 1 of one half of its row. In the upper half
+// the second chunk is stored first, so that the 8 threads of a store phase (one row) fill 8
+// distinct chunk slots.
+__device__ __forceinline__ void widen_raw_tile(const uint8_t* raw, uint8_t* k, uint8_t* v, int tid) {
+#pragma unroll 4
+  for (int i = 0; i < 2 * kBN * kHD / 16 / 128; ++i) {
+    const int c = tid + 128 * i, r = (c >> 3) & (kBN - 1), ck = c & 7;
+    const uint4 x = *reinterpret_cast<const uint4*>(raw + c * 16);
+    const uint4 lo = fp8x8_to_bf16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+    const int h = ck >> 2, q = (ck & 3) * 2;
+    uint8_t* row = (c >= kBN * 8 ? v : k) + h * kHalfBytes + r * 128;
+    *reinterpret_cast<uint4*>(row + (((q + h) ^ (r & 7)) << 4)) = h ? hi : lo;
+    *reinterpret_cast<uint4*>(row + (((q + (h ^ 1)) ^ (r & 7)) << 4)) = h ? lo : hi;
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const Smem ring(smem_raw);
+  uint64_t* raw_full = ring.bars() + 1 + 2 * kStages;  // FP8: [kRawStages], a raw tile has landed
+  uint8_t* raw = reinterpret_cast<uint8_t*>(ring.bars()) + 256;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  if (kFp8 && tid == 0)
+    for (int r = 0; r < kRawStages; ++r) mbar_init(&raw_full[r], 1);  // init_ring's fence covers them
   init_ring(ring.bars(), kStages, 4 * kCWG);
   grid_dep_wait();
   grid_dep_launch();
@@ -118,29 +157,54 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles = (kn + kBN - 1) / kBN;
 
   if (warp < 4) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs<kFp8>));
+    const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
+    const int per_box = min(p.page_size, kBN);  // keys per TMA box
+    // Key tile j's K rows to kd and V rows to vd, completing on bar: BF16 as two halves of 64
+    // columns in the 128-byte swizzle, FP8 as whole 128-byte rows.
+    auto issue_tile = [&](int j, uint8_t* kd, uint8_t* vd, uint64_t* bar) {
+      mbar_expect_tx(bar, kFp8 ? kRawTileBytes : 2 * kTileBytes);
+      for (int b = 0; b < kBN / per_box; ++b) {
+        // Boxes past the last key re-read the last key's page (their rows are masked, and V's
+        // are zeroed before use): the page table has no entries past it.
+        const int key = j * kBN + b * per_box;
+        const int page = __ldg(pt + (min(key, kn - 1) >> p.page_shift)), off = key & (p.page_size - 1);
+        for (int h = 0; h < (kFp8 ? 1 : 2); ++h) {
+          const int dst = h * kHalfBytes + b * per_box * 128;
+          tma_load_4d(kd + dst, &kmap, 64 * h, kvh, off, page, bar);
+          tma_load_4d(vd + dst, &vmap, 64 * h, kvh, off, page, bar);
+        }
+      }
+    };
     if (tid == 0) {
       mbar_expect_tx(ring.q_full(), kCWG * kTileBytes);
       for (int w = 0; w < kCWG; ++w)
         for (int h = 0; h < 2; ++h)
           tma_load_2d(ring.q() + w * kTileBytes + h * kHalfBytes, &qmap, head * kHD + 64 * h, row0 + 64 * w,
                       ring.q_full());
-      const int32_t* pt = p.page_table + static_cast<int64_t>(seq) * p.max_pages;
-      const int per_box = min(p.page_size, kBN);  // keys per TMA box
+      if constexpr (kFp8) {
+        for (int j = 0; j < min(tiles, kRawStages); ++j)
+          issue_tile(j, raw + j * kRawTileBytes, raw + j * kRawTileBytes + kBN * kHD, &raw_full[j]);
+      } else {
+        for (int j = 0; j < tiles; ++j) {
+          const int s = j % kStages;
+          if (j >= kStages) mbar_wait(&ring.empty()[s], ((j / kStages) - 1) & 1);
+          issue_tile(j, ring.k(s), ring.v(s), &ring.full()[s]);
+        }
+      }
+    }
+    if constexpr (kFp8) {
       for (int j = 0; j < tiles; ++j) {
-        const int s = j % kStages;
+        const int s = j % kStages, r = j % kRawStages;
+        uint8_t* rt = raw + r * kRawTileBytes;
         if (j >= kStages) mbar_wait(&ring.empty()[s], ((j / kStages) - 1) & 1);
-        mbar_expect_tx(&ring.full()[s], 2 * kTileBytes);
-        for (int b = 0; b < kBN / per_box; ++b) {
-          // Boxes past the last key re-read the last key's page (their rows are masked, and V's
-          // are zeroed before use): the page table has no entries past it.
-          const int key = j * kBN + b * per_box;
-          const int page = __ldg(pt + (min(key, kn - 1) >> p.page_shift)), off = key & (p.page_size - 1);
-          for (int h = 0; h < 2; ++h) {
-            const int dst = h * kHalfBytes + b * per_box * 128;
-            tma_load_4d(ring.k(s) + dst, &kmap, 64 * h, kvh, off, page, &ring.full()[s]);
-            tma_load_4d(ring.v(s) + dst, &vmap, 64 * h, kvh, off, page, &ring.full()[s]);
-          }
+        mbar_wait(&raw_full[r], (j / kRawStages) & 1);
+        widen_raw_tile(rt, ring.k(s), ring.v(s), tid);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stage, for wgmma
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");                 // the producer warpgroup: widened
+        if (tid == 0) {
+          mbar_arrive(&ring.full()[s]);
+          if (j + kRawStages < tiles) issue_tile(j + kRawStages, rt, rt + kBN * kHD, &raw_full[r]);
         }
       }
     }
@@ -222,7 +286,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 void configure_prefill_wgmma() {
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kSmemBytes<false>));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kSmemBytes<true>));
 }
 
 bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, const Tensor& qkv,
@@ -230,7 +297,8 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                          const TextAttentionShape& shape, float scale) {
   const int64_t n = qkv.dim(0), width = qkv.row_numel();
   const int ps = cache.page_size;
-  if (!ctx.prefill_wgmma || shape.head_dim != kHD || cache.dtype != DType::kBF16 || cache.head_dim != kHD ||
+  const bool fp8 = cache.dtype == DType::kF8E4M3;
+  if (!ctx.prefill_wgmma || shape.head_dim != kHD || (cache.dtype != DType::kBF16 && !fp8) || cache.head_dim != kHD ||
       width != int64_t{shape.num_q_heads + 2 * shape.num_kv_heads} * kHD || n <= 0 || n > INT32_MAX ||
       (ps & (ps - 1)) != 0 || ps < 8 || cache.num_pages > INT32_MAX ||
       reinterpret_cast<uintptr_t>(qkv.data) % 16 != 0 || reinterpret_cast<uintptr_t>(cache.base) % 16 != 0)
@@ -244,13 +312,15 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
   }
   const CacheGeometry geo = geometry(cache, layer);
   for (int v = 0; v < 2; ++v) {
-    const cuuint64_t dims[4] = {kHD, static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(ps),
-                                static_cast<cuuint64_t>(cache.num_pages)};
-    const cuuint64_t strides[3] = {kHD * sizeof(bf16), static_cast<cuuint64_t>(geo.token_bytes),
+    // Innermost first: a head's row (BF16: 128 values, boxes of a half in the swizzle; FP8: 128
+    // bytes seen as 64 BF16 pairs, boxes of the whole row, unswizzled), kv heads, a page's rows, pages.
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(fp8 ? kHD / 2 : kHD), static_cast<cuuint64_t>(cache.num_kv_heads),
+                                static_cast<cuuint64_t>(ps), static_cast<cuuint64_t>(cache.num_pages)};
+    const cuuint64_t strides[3] = {fp8 ? kHD : kHD * sizeof(bf16), static_cast<cuuint64_t>(geo.token_bytes),
                                    static_cast<cuuint64_t>(geo.page_bytes)};
     const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(std::min(ps, kBN)), 1};
     char* base = geo.base + geo.layer_offset + (v ? geo.v_offset : 0);
-    if (!encode_sw128(v ? &vmap : &kmap, 4, base, dims, strides, box, "prefill attention")) return false;
+    if (!encode_bf16_tiles(v ? &vmap : &kmap, 4, base, dims, strides, box, !fp8, "prefill attention")) return false;
   }
   Params prm{};
   prm.out = out.as<bf16>();
@@ -269,8 +339,14 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
   // return).
   const unsigned tiles = ceil_div(batch.num_tokens, kBM) + static_cast<unsigned>(batch.num_seqs);
   prm.grid_tiles = static_cast<int>(tiles);
-  launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel, dim3(tiles, prm.hq), dim3(kThreads),
-         static_cast<size_t>(kSmemBytes), qmap, kmap, vmap, prm);
+  if (fp8) {
+    if (ctx.prefill_wgmma_fp8_launches) ++*ctx.prefill_wgmma_fp8_launches;
+    launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel<true>, dim3(tiles, prm.hq), dim3(kThreads),
+           static_cast<size_t>(kSmemBytes<true>), qmap, kmap, vmap, prm);
+  } else {
+    launch(ctx, "text_prefill_attention_wgmma", prefill_wgmma_kernel<false>, dim3(tiles, prm.hq), dim3(kThreads),
+           static_cast<size_t>(kSmemBytes<false>), qmap, kmap, vmap, prm);
+  }
   return true;
 }
 

@@ -74,6 +74,7 @@ Status CudaBackend::init() {
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   ctx_.decode_tma = options_.decode_attention_tma && info_.compute_capability >= 90;
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
+  ctx_.prefill_wgmma_fp8_launches = &fp8_counts_.prefill_wgmma_fp8;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan

@@ -388,6 +388,7 @@ struct CudaFp8GemmCounts {
   int64_t skinny_early = 0;         // decode Linears that let the next kernel launch before their wait
   int64_t decode_l2_prefetch = 0;   // decode attentions launched with weights to ask L2 for
   int64_t decode_tma = 0;           // decode attentions whose key rounds came through TMA
+  int64_t prefill_wgmma_fp8 = 0;    // prefill attentions over an FP8 cache through warpgroup MMA
   int64_t ring_prologue_first = 0;  // ring Linears that held stages back until their prologue was done
 };
 CudaFp8GemmCounts cuda_fp8_gemm_counts(const Backend& backend);
