@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&raw_full[r], (j / kRawStages) & 1);
         widen_raw_tile(rt, ring.k(s), ring.v(s), tid);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stage, for wgmma
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");                 // the producer warpgroup: widened
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");                // the producer warpgroup: widened
         if (tid == 0) {
           mbar_arrive(&ring.full()[s]);
           if (j + kRawStages < tiles) issue_tile(j + kRawStages, rt, rt + kBN * kHD, &raw_full[r]);
@@ -300,8 +300,8 @@ static void configure_prefill_wgmma_fp8() {
   QVL_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (configured.load(std::memory_order_acquire) & bit) return;
-  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kSmemBytes<true>));
+  QVL_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<true>));
   configured.fetch_or(bit, std::memory_order_release);
 }
 
@@ -327,8 +327,9 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
   for (int v = 0; v < 2; ++v) {
     // Innermost first: a head's row (BF16: 128 values, boxes of a half in the swizzle; FP8: 128
     // bytes seen as 64 BF16 pairs, boxes of the whole row, unswizzled), kv heads, a page's rows, pages.
-    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(fp8 ? kHD / 2 : kHD), static_cast<cuuint64_t>(cache.num_kv_heads),
-                                static_cast<cuuint64_t>(ps), static_cast<cuuint64_t>(cache.num_pages)};
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(fp8 ? kHD / 2 : kHD),
+                                static_cast<cuuint64_t>(cache.num_kv_heads), static_cast<cuuint64_t>(ps),
+                                static_cast<cuuint64_t>(cache.num_pages)};
     const cuuint64_t strides[3] = {fp8 ? kHD : kHD * sizeof(bf16), static_cast<cuuint64_t>(geo.token_bytes),
                                    static_cast<cuuint64_t>(geo.page_bytes)};
     const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(std::min(ps, kBN)), 1};

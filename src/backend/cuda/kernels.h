@@ -92,7 +92,7 @@ struct LaunchContext {
   int64_t* prologue_launches = nullptr;    // decode Linears with a fused prologue (CudaFp8GemmCounts::skinny_prologue)
   int64_t* early_launches = nullptr;       // decode Linears launching the next kernel early (CudaFp8GemmCounts)
   int64_t* decode_tma_launches = nullptr;  // decode attentions whose keys came through TMA (CudaFp8GemmCounts)
-  int64_t* prefill_wgmma_fp8_launches = nullptr;  // prefill attentions over an FP8 cache by warpgroup MMA
+  int64_t* prefill_wgmma_fp8_launches = nullptr;    // prefill attentions over an FP8 cache by warpgroup MMA
   int64_t* ring_prologue_first_launches = nullptr;  // ring Linears holding stages back (CudaFp8GemmCounts)
   int early_launch = -1;                            // CudaBackendOptions::decode_early_launch
   OpProfiler* profiler = nullptr;                   // non-null while profiling
