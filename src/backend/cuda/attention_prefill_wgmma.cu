@@ -31,7 +31,9 @@
 // FP8 map reads them), and the producer warpgroup's 128 threads widen them exactly
 // (fp8x8_to_bf16x8) into the ring's stage in the 128-byte swizzle, fence them for the async proxy,
 // meet on a named barrier, and thread 0 arrives on the stage's full barrier and refills the raw
-// tile. The consumers run as for a BF16 cache.
+// tile. They widen to f16 (one conversion a pair, exact: E4M3 lies in f16's range), not BF16
+// (five instructions a pair), and the consumers run in f16: each converts its warpgroup's Q tile
+// (saturated at ±65504) once, and P is rounded to f16 (finer than BF16's rounding; P <= 1).
 //
 // Needs sm_90a: built with attention_vision_wgmma.cu's flags; the host asks
 // prefill_wgmma_available() first. Other head dims and page sizes take flash.cuh.
@@ -83,33 +85,49 @@ struct Params {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]ᵀ, both K-major in shared memory.
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]ᵀ, both K-major in shared memory, in BF16 or (kF16) f16.
+#define QVL_WGMMA_S(TYPES)                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " QVL_WGMMA_D32 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+template <bool kF16>
 __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  if constexpr (kF16)
+    asm volatile(QVL_WGMMA_S("f16.f16") : QVL_WGMMA_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  else
+    asm volatile(QVL_WGMMA_S("bf16.bf16") : QVL_WGMMA_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// 4 FP8 E4M3 values (a word) to 4 f16 (two words), exactly: E4M3 lies inside f16's normal and
+// subnormal range (sm_89+).
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+// A BF16 pair to an f16 pair: exact in f16's normal range, saturated at ±65504 beyond it (Q of
+// the FP8 cache's kernel).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  const float lo = fminf(fmaxf(__uint_as_float(w << 16), -65504.0f), 65504.0f);
+  const float hi = fminf(fmaxf(__uint_as_float(w & 0xffff0000u), -65504.0f), 65504.0f);
+  return pack_f16x2(lo, hi);
 }
 
 // A landed raw tile (K rows, then V rows, 128 bytes each) widened by the producer warpgroup's
-// thread `tid` (of 128) into a stage's K and V tiles: BF16 in the 128-byte swizzle, as TMA
-// would have written a BF16 cache's rows. Thread tid takes the raw tile's 16-byte columns tid +
-// 128 i; a column's 16 values are chunks q and q + 1 of one half of its row. In the upper half
-// the second chunk is stored first, so that the 8 threads of a store phase (one row) fill 8
+// thread `tid` (of 128) into a stage's K and V tiles: f16 in the 128-byte swizzle, where TMA
+// puts a BF16 cache's rows. Thread tid takes the raw tile's 16-byte columns tid + 128 i; a
+// column's 16 values are chunks q and q + 1 of one half of its row. In the upper half the
+// second chunk is stored first, so that the 8 threads of a store phase (one row) fill 8
 // distinct chunk slots.
 __device__ __forceinline__ void widen_raw_tile(const uint8_t* raw, uint8_t* k, uint8_t* v, int tid) {
 #pragma unroll 4
   for (int i = 0; i < 2 * kBN * kHD / 16 / 128; ++i) {
     const int c = tid + 128 * i, r = (c >> 3) & (kBN - 1), ck = c & 7;
     const uint4 x = *reinterpret_cast<const uint4*>(raw + c * 16);
-    const uint4 lo = fp8x8_to_bf16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+    uint4 lo, hi;
+    fp8x4_to_f16x4(x.x, lo.x, lo.y);
+    fp8x4_to_f16x4(x.y, lo.z, lo.w);
+    fp8x4_to_f16x4(x.z, hi.x, hi.y);
+    fp8x4_to_f16x4(x.w, hi.z, hi.w);
     const int h = ck >> 2, q = (ck & 3) * 2;
     uint8_t* row = (c >= kBN * 8 ? v : k) + h * kHalfBytes + r * 128;
     *reinterpret_cast<uint4*>(row + (((q + h) ^ (r & 7)) << 4)) = h ? hi : lo;
@@ -240,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
-      wgmma_s(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off), ks);
+      wgmma_s<kFp8>(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off), ks);
     }
     wgmma_commit();
   };
@@ -248,13 +266,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t v_addr = smem_u32(ring.v(stage));
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_o(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
-      wgmma_o(o[1], pk[kk], sw128_desc(v_addr + kHalfBytes + kk * 2048));
+      wgmma_o<kFp8>(o[0], pk[kk], sw128_desc(v_addr + kk * 2048));
+      wgmma_o<kFp8>(o[1], pk[kk], sw128_desc(v_addr + kHalfBytes + kk * 2048));
     }
     wgmma_commit();
   };
   mbar_wait(ring.q_full(), 0);
-  consumer_loop<kStages>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
+  if constexpr (kFp8) {  // K and V arrive in f16: this warpgroup's Q tile too, in place
+    uint4* q = reinterpret_cast<uint4*>(ring.q() + wg * kTileBytes);
+    for (int i = tid & 127; i < kTileBytes / 16; i += 128) {
+      const uint4 x = q[i];
+      q[i] = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z), bf16x2_to_f16x2(x.w));
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for wgmma
+    if (wg == 0)                                                    // the warpgroup's Q is converted
+      asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    else
+      asm volatile("bar.sync 4, 128;\n" ::: "memory");
+  }
+  consumer_loop<kStages, kFp8>(tiles, ring.full(), ring.empty(), s, o, pk, issue_s, issue_o, softmax);
   // V rows of the last tile past the last key come from whatever the cache holds there (possibly
   // NaN bits, and 0 · NaN is NaN): zero them (generic stores, made visible to the async proxy)
   // before the last P·V. No warpgroup has issued that P·V yet; all of them meet at the barrier.

@@ -38,19 +38,32 @@ struct RingSmem {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major).
+// The 32 accumulator operands (%0..%31) of an m64n64 wgmma, and its register list.
+#define QVL_WGMMA_ACC32(d)                                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define QVL_WGMMA_D32                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+// O[64 x 64] += P[64 x 16] (registers) · V[16 x 64] (shared memory, N-major), in BF16 or (kF16) in
+// f16.
+#define QVL_WGMMA_O(TYPES)                                              \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                          \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " QVL_WGMMA_D32 \
+  "{%32, %33, %34, %35}, "                                              \
+  "%36, p, 1, 1, 1;\n}\n"
+template <bool kF16 = false>
 __device__ __forceinline__ void wgmma_o(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  if constexpr (kF16)
+    asm volatile(QVL_WGMMA_O("f16.f16")
+                 : QVL_WGMMA_ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  else
+    asm volatile(QVL_WGMMA_O("bf16.bf16")
+                 : QVL_WGMMA_ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -110,6 +123,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   bf162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
 
 // The online softmax of a consumer thread's two rows of an m64nN accumulator (NS = N / 2 floats:
 // element i is row g + 8 ((i / 2) % 2) of the warp's 16, column 8 (i / 4) + 2 t + i % 2), as
@@ -149,15 +166,17 @@ struct RowSoftmax {
       l[(i >> 1) & 1] += s[i];
     }
   }
-  // P as the register A operand of P·V, rounded to BF16: the accumulator layout of two 8-column
-  // tiles is the A layout of one 16-key step (elements 8 kk .. 8 kk + 7).
+  // P as the register A operand of P·V, rounded to BF16 (kF16: to f16): the accumulator layout of
+  // two 8-column tiles is the A layout of one 16-key step (elements 8 kk .. 8 kk + 7).
+  template <bool kF16 = false>
   __device__ __forceinline__ static void pack(const float (&s)[NS], uint32_t (&pk)[NS / 8][4]) {
+    auto two = [](float lo, float hi) { return kF16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); };
 #pragma unroll
     for (int kk = 0; kk < NS / 8; ++kk) {
-      pk[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      pk[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      pk[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      pk[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+      pk[kk][0] = two(s[8 * kk + 0], s[8 * kk + 1]);
+      pk[kk][1] = two(s[8 * kk + 2], s[8 * kk + 3]);
+      pk[kk][2] = two(s[8 * kk + 4], s[8 * kk + 5]);
+      pk[kk][3] = two(s[8 * kk + 6], s[8 * kk + 7]);
     }
   }
   // The row sums over the 4 threads of a row; then 1 / l (0 for a row that saw no key).
@@ -197,8 +216,9 @@ __device__ __forceinline__ void release_stage(uint64_t* empty) {
 // wait for S, softmax (the tensor cores run P·V meanwhile), wait for P·V, release the stage of
 // tile j - 1, rescale O, pack P; then the last P·V. issue_s(stage) and issue_o(stage) issue and
 // commit one group each; softmax(j, alpha) runs RowSoftmax::step on s. O is NO accumulators of
-// an m64n64 output. Every consumer warp of the block runs it over the same tiles.
-template <int kStages, int NS, int NO, class IssueS, class IssueO, class Softmax>
+// an m64n64 output; P goes to pk in BF16 (kF16: f16). Every consumer warp of the block runs it
+// over the same tiles.
+template <int kStages, bool kF16 = false, int NS, int NO, class IssueS, class IssueO, class Softmax>
 __device__ __forceinline__ void consumer_loop(int tiles, uint64_t* full, uint64_t* empty, float (&s)[NS],
                                               float (&o)[NO][32], uint32_t (&pk)[NS / 8][4], IssueS issue_s,
                                               IssueO issue_o, Softmax softmax) {
@@ -215,7 +235,7 @@ __device__ __forceinline__ void consumer_loop(int tiles, uint64_t* full, uint64_
     float alpha[2];
     softmax(0, alpha);
   }
-  RowSoftmax<NS>::pack(s, pk);
+  RowSoftmax<NS>::template pack<kF16>(s, pk);
   for (int j = 1; j < tiles; ++j) {
     const int st = j % kStages, prev = (j - 1) % kStages;
     mbar_wait(&full[st], (j / kStages) & 1);
@@ -235,7 +255,7 @@ __device__ __forceinline__ void consumer_loop(int tiles, uint64_t* full, uint64_
     for (int n = 0; n < NO; ++n)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
-    RowSoftmax<NS>::pack(s, pk);
+    RowSoftmax<NS>::template pack<kF16>(s, pk);
   }
 }
 
