@@ -5,8 +5,10 @@
 // each K/V row is read once for the group. The split count depends only on the number of
 // sequences (graph-safe); the keys of a split follow the actual context length, read on the
 // device. Keys go through shared memory in rounds of 64 (two stages, cp.async for a BF16 cache;
-// an FP8 cache's bytes come into two raw stages, two rounds ahead, and are widened to BF16 into
-// one stage). Each of the 4 warps takes 16 keys of a round and runs its own online softmax, so
+// an FP8 cache's bytes come into two raw stages, two rounds ahead, and are widened into one
+// stage, to f16: one conversion a pair on sm_89+ where BF16 takes five, exact, with q converted
+// to f16 and P rounded to f16). Each of the 4 warps takes 16 keys of a round and runs its own
+// online softmax, so
 // warps never wait for each other inside a split:
 //   S^T[16 keys x 8 heads] = K[16 x dh] . q^T       (mma m16n8k16; heads >= G are zero rows of q)
 //   O^T[dh x 8 heads]     += V^T[dh x 16 keys] . P^T (P = exp2(S - m), rounded to BF16 as
@@ -541,8 +543,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
     if (r == 0) stamp(p, 4);
     if (r == 0) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
+      for (int ks = 0; ks < KS; ++ks) {
         ldmatrix_x2(qf[ks], qs + (lane & 7) * pitch<HD>() + ks * 32 + ((lane >> 3) & 1) * 16);
+        if constexpr (kFp8) {  // an FP8 cache's keys are read in f16: q too
+          qf[ks][0] = bf16x2_to_f16x2(qf[ks][0]);
+          qf[ks][1] = bf16x2_to_f16x2(qf[ks][1]);
+        }
+      }
     }
     const int kw = warp * 16;  // this warp's keys within the round
     const int valid = min(16, k_end - k0 - kw);
@@ -561,7 +568,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
       for (int ks = 0; ks < KS; ++ks) {
         uint32_t a[4];
         ldmatrix_x4(a, krow.at(2 * ks + (mi >> 1)));
-        mma_m16n8k16(ks % 2 ? s1 : s, a, qf[ks][0], qf[ks][1]);
+        mma_m16n8k16<kFp8>(ks % 2 ? s1 : s, a, qf[ks][0], qf[ks][1]);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[e] += s1[e];
@@ -596,10 +603,15 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
       // P^T to shared memory as [head][key] (B operand of O^T += V^T . P^T).
-      pw[(2 * t) * 24 + g] = __float2bfloat16_rn(pv[0]);
-      pw[(2 * t + 1) * 24 + g] = __float2bfloat16_rn(pv[1]);
-      pw[(2 * t) * 24 + g + 8] = __float2bfloat16_rn(pv[2]);
-      pw[(2 * t + 1) * 24 + g + 8] = __float2bfloat16_rn(pv[3]);
+      // (kFp8: in f16, as V.)
+      auto put = [&](int i, float v) {
+        reinterpret_cast<uint16_t*>(pw)[i] =
+            kFp8 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+      };
+      put((2 * t) * 24 + g, pv[0]);
+      put((2 * t + 1) * 24 + g, pv[1]);
+      put((2 * t) * 24 + g + 8, pv[2]);
+      put((2 * t + 1) * 24 + g + 8, pv[3]);
       __syncwarp();
       uint32_t pb[2];
       ldmatrix_x2(pb, pw + (lane & 7) * 24 + ((lane >> 3) & 1) * 8);
@@ -612,7 +624,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
         uint32_t a[4];
         // A = V^T (dims 16m.., keys kw..): stored [key][dim], loaded transposed.
         ldmatrix_x4_trans(a, vrow.at(2 * m + (mi & 1)));
-        mma_m16n8k16(o[m], a, pb[0], pb[1]);
+        mma_m16n8k16<kFp8>(o[m], a, pb[0], pb[1]);
       }
       __syncwarp();  // pw is rewritten next round
     }

@@ -18,11 +18,12 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRound = 16 * kWarps;  // keys per round
 
-// 8 elements (16 bytes of BF16) of a cache row as BF16: FP8 rows are widened exactly.
+// 8 elements of a cache row as 16 bytes: BF16 as they are, FP8 widened exactly to f16 (the
+// decode attention reads an FP8 cache in f16).
 template <bool kFp8>
 __device__ __forceinline__ uint4 load_kv_chunk(const char* row, int chunk) {
   if constexpr (kFp8) {
-    return fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(row + chunk * 8));
+    return fp8x8_to_f16x8(*reinterpret_cast<const uint2*>(row + chunk * 8));
   } else {
     return *reinterpret_cast<const uint4*>(row + chunk * 16);
   }
@@ -90,8 +91,8 @@ __device__ __forceinline__ void load_round(const Params& p, char* stage, const i
 }
 
 // This thread's columns of a landed raw stage (the ones it copied by load_round<HD, NT, true>, the
-// same NT, or any share of a stage that came through TMA), widened exactly into the BF16 stage; its
-// rows past `rows` as zeros (see zero_tail).
+// same NT, or any share of a stage that came through TMA), widened exactly into the stage as f16;
+// its rows past `rows` as zeros (see zero_tail).
 template <int HD, int NT>
 __device__ __forceinline__ void widen_fp8(const char* raw, char* stage, int k0, int rows, int newest) {
   using C = RowColumns<HD, NT>;
@@ -105,8 +106,8 @@ __device__ __forceinline__ void widen_fp8(const char* raw, char* stage, int k0, 
       const uint4 x =
           r < rows ? *reinterpret_cast<const uint4*>(raw + (v * kRound + r) * HD + chunk * 16) : make_uint4(0, 0, 0, 0);
       uint4* dst = reinterpret_cast<uint4*>(stage + (v * kRound + r) * pitch<HD>() + chunk * 32);
-      dst[0] = fp8x8_to_bf16x8(make_uint2(x.x, x.y));
-      dst[1] = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+      dst[0] = fp8x8_to_f16x8(make_uint2(x.x, x.y));
+      dst[1] = fp8x8_to_f16x8(make_uint2(x.z, x.w));
     }
   }
 }

@@ -15,10 +15,11 @@ constexpr int pitch() {
   return HD * 2 + 16;
 }
 
-// The value a cache element holds once v is stored (store_kv), as BF16.
-__device__ __forceinline__ bf16 as_cached(float v, int esize) {
-  return esize == 2 ? __float2bfloat16_rn(v)
-                    : __float2bfloat16_rn(fp8_e4m3_to_float_dev(float_to_fp8_e4m3_dev(bf16_round(v))));
+// The value a cache element holds once v is stored (store_kv), as the bits of a BF16 (an FP8
+// cache: of an f16, exact, as the decode attention reads an FP8 cache).
+__device__ __forceinline__ uint16_t as_cached(float v, int esize) {
+  if (esize == 2) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  return __half_as_ushort(__float2half_rn(fp8_e4m3_to_float_dev(float_to_fp8_e4m3_dev(bf16_round(v)))));
 }
 
 // What a lane of the fused text_qkv_prepare needs besides qkv, all from host-written inputs
@@ -89,7 +90,7 @@ __device__ __forceinline__ void prepare_head(const Params& p, const bf16* qkv_ro
   if (task == group + 1) {  // v
     const bf16* src = qkv_row + static_cast<int64_t>(p.hq + p.hkv + kvh) * HD;
     char* dst = slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, true) : nullptr;
-    bf16* buf = reinterpret_cast<bf16*>(nbuf + pitch<HD>());
+    uint16_t* buf = reinterpret_cast<uint16_t*>(nbuf + pitch<HD>());
     for (int d = lane; d < HD; d += 32) {
       const float v = __bfloat162float(src[d]);
       if (dst) store_kv(dst, d, v, esize);
@@ -109,7 +110,8 @@ __device__ __forceinline__ void prepare_head(const Params& p, const bf16* qkv_ro
   }
   const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(HD) + p.eps);
   char* kdst = !is_q && slot >= 0 ? cache_row(p.cache, page, off, kvh, HD, false) : nullptr;
-  bf16* out = is_q ? reinterpret_cast<bf16*>(qs + task * pitch<HD>()) : reinterpret_cast<bf16*>(nbuf);
+  bf16* out = reinterpret_cast<bf16*>(is_q ? qs + task * pitch<HD>() : nbuf);
+  uint16_t* kout = reinterpret_cast<uint16_t*>(nbuf);
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const int j = lane + 32 * i;
@@ -127,8 +129,8 @@ __device__ __forceinline__ void prepare_head(const Params& p, const bf16* qkv_ro
         store_kv(kdst, j, o1, esize);
         store_kv(kdst, j + kHalf, o2, esize);
       }
-      out[j] = as_cached(o1, esize);
-      out[j + kHalf] = as_cached(o2, esize);
+      kout[j] = as_cached(o1, esize);
+      kout[j + kHalf] = as_cached(o2, esize);
     }
   }
 }

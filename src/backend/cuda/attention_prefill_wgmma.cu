@@ -97,21 +97,6 @@ __device__ __forceinline__ void wgmma_s(float (&d)[32], uint64_t desc_a, uint64_
     asm volatile(QVL_WGMMA_S("bf16.bf16") : QVL_WGMMA_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// 4 FP8 E4M3 values (a word) to 4 f16 (two words), exactly: E4M3 lies inside f16's normal and
-// subnormal range (sm_89+).
-__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-}
-// A BF16 pair to an f16 pair: exact in f16's normal range, saturated at ±65504 beyond it (Q of
-// the FP8 cache's kernel).
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
-  const float lo = fminf(fmaxf(__uint_as_float(w << 16), -65504.0f), 65504.0f);
-  const float hi = fminf(fmaxf(__uint_as_float(w & 0xffff0000u), -65504.0f), 65504.0f);
-  return pack_f16x2(lo, hi);
-}
-
 // A landed raw tile (K rows, then V rows, 128 bytes each) widened by the producer warpgroup's
 // thread `tid` (of 128) into a stage's K and V tiles: f16 in the 128-byte swizzle, where TMA
 // puts a BF16 cache's rows. Thread tid takes the raw tile's 16-byte columns tid + 128 i; a
@@ -123,11 +108,7 @@ __device__ __forceinline__ void widen_raw_tile(const uint8_t* raw, uint8_t* k, u
   for (int i = 0; i < 2 * kBN * kHD / 16 / 128; ++i) {
     const int c = tid + 128 * i, r = (c >> 3) & (kBN - 1), ck = c & 7;
     const uint4 x = *reinterpret_cast<const uint4*>(raw + c * 16);
-    uint4 lo, hi;
-    fp8x4_to_f16x4(x.x, lo.x, lo.y);
-    fp8x4_to_f16x4(x.y, lo.z, lo.w);
-    fp8x4_to_f16x4(x.z, hi.x, hi.y);
-    fp8x4_to_f16x4(x.w, hi.z, hi.w);
+    const uint4 lo = fp8x8_to_f16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_f16x8(make_uint2(x.z, x.w));
     const int h = ck >> 2, q = (ck & 3) * 2;
     uint8_t* row = (c >= kBN * 8 ? v : k) + h * kHalfBytes + r * 128;
     *reinterpret_cast<uint4*>(row + (((q + h) ^ (r & 7)) << 4)) = h ? hi : lo;

@@ -229,12 +229,19 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* 
                : "r"(smem_u32(p)));
 }
 // d += a (16 x 16 BF16, row) · b (16 x 8 BF16, col) in fp32: mma.m16n8k16.
+template <bool kF16 = false>  // BF16 operands, or (kF16) f16
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (kF16)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Shared-memory transport between the blocks of a cluster (sm_90), for merges that push rather
@@ -378,6 +385,42 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
   // 0x1404: bytes 0 and 1 of the word; 0x3424: bytes 2 and 3 (a nibble 4 reads a zero byte).
   return make_uint4(fp8x2_to_bf16x2(raw.x, 0x1404u), fp8x2_to_bf16x2(raw.x, 0x3424u), fp8x2_to_bf16x2(raw.y, 0x1404u),
                     fp8x2_to_bf16x2(raw.y, 0x3424u));
+}
+// 4 FP8 E4M3 values (a word) widened exactly to 4 f16 (two words, in order): E4M3 lies inside
+// f16's range. One conversion a pair on sm_89+; before it, fp8x2_to_bf16x2's rescaling in f16
+// (the magnitude bits one place lower, times 2^8).
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  const __half2 k = __halves2half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00));  // 2^8
+  uint32_t* out[2] = {&lo, &hi};
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t u = __byte_perm(w, 0u, i ? 0x3424u : 0x1404u);
+    uint32_t bits = (u & 0x80008000u) | ((u & 0x7f007f00u) >> 1);
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), k);
+    *out[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+#endif
+}
+__device__ __forceinline__ uint4 fp8x8_to_f16x8(uint2 raw) {
+  uint4 r;
+  fp8x4_to_f16x4(raw.x, r.x, r.y);
+  fp8x4_to_f16x4(raw.y, r.z, r.w);
+  return r;
+}
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// A BF16 pair to an f16 pair: exact in f16's normal range, saturated at ±65504 beyond it (q of
+// the attentions that read an FP8 cache in f16).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  const float lo = fminf(fmaxf(__uint_as_float(w << 16), -65504.0f), 65504.0f);
+  const float hi = fminf(fmaxf(__uint_as_float(w & 0xffff0000u), -65504.0f), 65504.0f);
+  return pack_f16x2(lo, hi);
 }
 // float -> FP8 E4M3, round to nearest even, saturating at +-448 (the KV cache's conversion).
 __device__ __forceinline__ uint8_t float_to_fp8_e4m3_dev(float x) {

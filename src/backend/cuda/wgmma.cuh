@@ -123,10 +123,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   bf162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // The online softmax of a consumer thread's two rows of an m64nN accumulator (NS = N / 2 floats:
 // element i is row g + 8 ((i / 2) % 2) of the warp's 16, column 8 (i / 4) + 2 t + i % 2), as
