@@ -29,7 +29,7 @@
 // An FP8 cache (kFp8): the producer's thread 0 brings each key tile's raw bytes by TMA into one
 // of kRawStages raw tiles (unswizzled boxes of a head's 128-byte rows, as the decode attention's
 // FP8 map reads them), and the producer warpgroup's 128 threads widen them exactly
-// (fp8x8_to_bf16x8) into the ring's stage in the 128-byte swizzle, fence them for the async proxy,
+// (fp8x8_to_f16x8) into the ring's stage in the 128-byte swizzle, fence them for the async proxy,
 // meet on a named barrier, and thread 0 arrives on the stage's full barrier and refills the raw
 // tile. They widen to f16 (one conversion a pair, exact: E4M3 lies in f16's range), not BF16
 // (five instructions a pair), and the consumers run in f16: each converts its warpgroup's Q tile
