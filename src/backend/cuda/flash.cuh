@@ -5,7 +5,8 @@
 // A block owns BM = 16·WARPS·MT query rows of one head; warp w owns rows [16·MT·w, 16·MT·(w+1))
 // as MT m-tiles of 16 (MT = 2 reuses every K/V fragment for two mmas). Key
 // tiles of 64 rows stream through a two-stage cp.async ring in shared memory (an FP8 cache: raw
-// tiles two ahead, each widened into one BF16 stage in its turn); S = Q·Kᵀ stays
+// tiles two ahead, each widened into one stage in its turn, to f16, with Q converted to f16 and P
+// rounded to f16); S = Q·Kᵀ stays
 // in registers, the softmax is online (running max m and sum l per row, in the log2 domain),
 // P is rounded to BF16 and multiplied by V from the same registers (the S accumulator layout
 // of two n-tiles is the A-fragment layout of one k-step). Nothing is N²: memory per block is
@@ -139,7 +140,8 @@ __device__ __forceinline__ void copy_kv_rows_fp8(uint8_t* raw, int valid, int64_
     cp_async16(raw + (BN + r) * HD + col * 16, src + delta, ok);
   }
 }
-// Widens this thread's columns of a landed raw tile into the BF16 stage, exactly (fp8x8_to_bf16x8).
+// Widens this thread's columns of a landed raw tile into the stage, exactly, to f16 (fp8x8_to_f16x8:
+// flash_body reads an FP8 cache in f16).
 // A column's 32 bytes go out as two 16-byte stores; columns 4..7 of a row store their upper half
 // first, so the 8 threads of a store phase (one row at head dim 128) fill distinct banks.
 template <int HD, int THREADS>
@@ -151,7 +153,7 @@ __device__ __forceinline__ void widen_kv_rows(bf16* dk, bf16* dv, const uint8_t*
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const uint4 x = *reinterpret_cast<const uint4*>(raw + (v * BN + r) * HD + col * 16);
-      const uint4 lo = fp8x8_to_bf16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_bf16x8(make_uint2(x.z, x.w));
+      const uint4 lo = fp8x8_to_f16x8(make_uint2(x.x, x.y)), hi = fp8x8_to_f16x8(make_uint2(x.z, x.w));
       uint4* dst = reinterpret_cast<uint4*>((v ? dv : dk) + r * D::SK + col * 16);
       dst[h] = h ? hi : lo;
       dst[h ^ 1] = h ? lo : hi;
@@ -325,8 +327,13 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int ks = 0; ks < D::KS; ++ks)
+      for (int ks = 0; ks < D::KS; ++ks) {
         ldmatrix_x4(qf[mt][ks], sq + (warp_row0 + mt * 16 + (lane & 15)) * SK + ks * 16 + (lane >> 4) * 8);
+        if constexpr (kFp8) {  // an FP8 cache's K and V are read in f16: Q too
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qf[mt][ks][i] = bf16x2_to_f16x2(qf[mt][ks][i]);
+        }
+      }
   };
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     if constexpr (kFp8) {
@@ -375,8 +382,8 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         ldmatrix_x4(b, kb + (np * 16 + (mi >> 1) * 8 + (lane & 7)) * SK + ks * 16 + (mi & 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_m16n8k16(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
-          mma_m16n8k16(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+          mma_m16n8k16<kFp8>(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
+          mma_m16n8k16<kFp8>(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
         }
       }
     }
@@ -436,8 +443,8 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
           p[e] = exp2_ftz(fmaf(s[mt][n][e], scale_log2, mx[e >> 1]));
           l[mt][e >> 1] += p[e];
         }
-        pf[mt][n >> 1][(n & 1) * 2 + 0] = pack_bf16x2(p[0], p[1]);
-        pf[mt][n >> 1][(n & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
+        pf[mt][n >> 1][(n & 1) * 2 + 0] = kFp8 ? pack_f16x2(p[0], p[1]) : pack_bf16x2(p[0], p[1]);
+        pf[mt][n >> 1][(n & 1) * 2 + 1] = kFp8 ? pack_f16x2(p[2], p[3]) : pack_bf16x2(p[2], p[3]);
       }
     }
 
@@ -452,8 +459,8 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         ldmatrix_x4_trans(b, vb + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * SK + n * 8 + (mi >> 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_m16n8k16(o[mt][n], pf[mt][kk], b[0], b[1]);
-          mma_m16n8k16(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
+          mma_m16n8k16<kFp8>(o[mt][n], pf[mt][kk], b[0], b[1]);
+          mma_m16n8k16<kFp8>(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
         }
       }
       if (D::NO % 2 == 1) {
@@ -461,7 +468,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         uint32_t b[2];
         ldmatrix_x2_trans(b, vb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * SK + n * 8);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_m16n8k16(o[mt][n], pf[mt][kk], b[0], b[1]);
+        for (int mt = 0; mt < MT; ++mt) mma_m16n8k16<kFp8>(o[mt][n], pf[mt][kk], b[0], b[1]);
       }
     }
     if constexpr (!kFp8) __syncthreads();  // this stage is refilled by the next iteration's prefetch
