@@ -80,7 +80,7 @@ constexpr size_t raw_tile_bytes() {
 // MT: 16-row m-tiles per warp (BM = 16·WARPS·MT). QA: Q has no region of its own; it is loaded
 // into the K stage the first key tile does not use and moved to registers before that stage is
 // refilled (a quarter less shared memory: a third 4-warp block per SM for head dim 128).
-// FP8 (an FP8 KV cache): one BF16 K/V stage and two raw tiles, with Q in the V stage until the
+// FP8 (an FP8 KV cache): one K/V stage (f16) and two raw tiles, with Q in the V stage until the
 // first tile is widened into it (flash_body), whatever QA says: 66.8 KB at head dim 128 where
 // QA's BF16 layout takes 69.6.
 template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false>
@@ -339,13 +339,13 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     if constexpr (kFp8) {
       const int stage = (kt - kt_begin) & 1;
       cp_async_wait<1>();  // this thread's copies of tile kt (and at kt_begin, of Q)
-      __syncthreads();     // every warp is done with the BF16 stage (at kt_begin: Q has landed)
+      __syncthreads();     // every warp is done with the K/V stage (at kt_begin: Q has landed)
       if (kt == kt_begin) {
         load_q_fragments();
         __syncthreads();  // Q is in registers before its stage is overwritten
       }
       widen_kv_rows<HD, THREADS>(sk, sv, raw + stage * raw_tile_bytes<HD>());
-      __syncthreads();  // the tile is in the BF16 stage, and its raw bytes are read
+      __syncthreads();  // the tile is in the K/V stage, and its raw bytes are read
       if (kt + 2 < kt_end) load_kv(kt + 2, stage);
       cp_async_commit();
     } else {
