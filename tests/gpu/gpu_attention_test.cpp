@@ -475,7 +475,7 @@ TEST(GpuOps, TextDecodeAttention) {
   run_text_attention("text_attention decode", {{1, 50}, {1, 9}}, 2, 1, 40, DType::kF8E4M3, &gpus);
 }
 
-// An FP8 cache is widened to BF16 exactly on each path the decode attention reads it by: the
+// An FP8 cache is widened exactly (to f16) on each path the decode attention reads it by: the
 // newest key's buffer (context 1), the first round before the PDL wait (50) and the later rounds
 // (300: 5 rounds in one split), through TMA and by cp.async. Every K row is zero, so every key
 // scores 0 and weighs exactly 1; with one split the output is then n · v / n = v. Each of the 254

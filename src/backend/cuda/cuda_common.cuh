@@ -366,43 +366,27 @@ __device__ __forceinline__ float fp8_e4m3_to_float_dev(uint8_t b) {
   const float f = __uint_as_float(static_cast<uint32_t>(b & 0x7f) << 20) * 0x1p120f;
   return (b & 0x80) ? -f : f;
 }
-// Two FP8 E4M3 values of a word (the bytes `sel` picks, see fp8x8_to_bf16x8) widened exactly to a
-// BF16 pair, by the same rescaling in BF16: one byte permute puts each byte's bits at the top of its
-// half ([b_hi 0 b_lo 0]), the sign stays at bit 15 and the 7 magnitude bits move to the
-// exponent/mantissa, and one bf16x2 multiplication by 2^120 (exact, subnormals included) gives
-// the same bits as fp8_e4m3_to_float_dev rounded to BF16, in 5 instructions a pair where the float
-// path takes about 6 an element.
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t word, uint32_t sel) {
-  const uint32_t u = __byte_perm(word, 0u, sel);
-  uint32_t bits = (u & 0x80008000u) | ((u & 0x7f007f00u) >> 4);
-  const __nv_bfloat162 k = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));  // 2^120
-  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), k);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// 8 FP8 E4M3 values (8 bytes) widened exactly to 8 BF16 (16 bytes): an FP8 KV cache row read
-// as the BF16 tiles attention works on.
-__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
-  // 0x1404: bytes 0 and 1 of the word; 0x3424: bytes 2 and 3 (a nibble 4 reads a zero byte).
-  return make_uint4(fp8x2_to_bf16x2(raw.x, 0x1404u), fp8x2_to_bf16x2(raw.x, 0x3424u), fp8x2_to_bf16x2(raw.y, 0x1404u),
-                    fp8x2_to_bf16x2(raw.y, 0x3424u));
-}
 // 4 FP8 E4M3 values (a word) widened exactly to 4 f16 (two words, in order): E4M3 lies inside
-// f16's range. One conversion a pair on sm_89+; before it, fp8x2_to_bf16x2's rescaling in f16
-// (the magnitude bits one place lower, times 2^8).
+// f16's range. One conversion a pair on sm_89+. Before it, a rescaling: one byte permute puts a
+// pair's bytes at the top of their halves ([b_hi 0 b_lo 0]; 0x1404 picks bytes 0 and 1, 0x3424
+// bytes 2 and 3, a nibble 4 reading a zero byte), the sign stays at bit 15, the 7 magnitude bits
+// move one place down under f16's exponent, and one f16x2 multiplication by 2^8 rescales them
+// exactly, subnormals included.
 __device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(w));
 #else
-  const __half2 k = __halves2half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00));  // 2^8
-  uint32_t* out[2] = {&lo, &hi};
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t u = __byte_perm(w, 0u, i ? 0x3424u : 0x1404u);
+  auto pair = [w](uint32_t sel) {
+    const uint32_t u = __byte_perm(w, 0u, sel);
     uint32_t bits = (u & 0x80008000u) | ((u & 0x7f007f00u) >> 1);
+    const __half2 k = __halves2half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00));  // 2^8
     const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), k);
-    *out[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
+    return *reinterpret_cast<const uint32_t*>(&v);
+  };
+  lo = pair(0x1404u);
+  hi = pair(0x3424u);
 #endif
 }
 __device__ __forceinline__ uint4 fp8x8_to_f16x8(uint2 raw) {
@@ -410,6 +394,11 @@ __device__ __forceinline__ uint4 fp8x8_to_f16x8(uint2 raw) {
   fp8x4_to_f16x4(raw.x, r.x, r.y);
   fp8x4_to_f16x4(raw.y, r.z, r.w);
   return r;
+}
+// Two floats rounded to a BF16 pair / an f16 pair (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  bf162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);

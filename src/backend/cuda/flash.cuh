@@ -91,11 +91,6 @@ constexpr size_t smem_bytes() {
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  bf162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // Copies rows [0, ROWS) of a tile into shared memory; rows >= valid are zero-filled.
 template <int HD, int ROWS, int THREADS, class RowFn>
 __device__ __forceinline__ void load_rows(bf16* dst, int valid, RowFn row) {
@@ -125,7 +120,7 @@ __device__ __forceinline__ void load_kv_rows(bf16* dk, bf16* dv, int valid, int6
 }
 
 // An FP8 E4M3 source (the FP8 KV cache) is copied as it is, by cp.async two tiles ahead, into a
-// raw tile (raw_tile_bytes), and widened to BF16 only when its turn comes (widen_kv_rows). Each
+// raw tile (raw_tile_bytes), and widened (to f16) only when its turn comes (widen_kv_rows). Each
 // thread widens exactly the 16-byte columns it copied (the same loop over the same THREADS), so a
 // raw tile needs no barrier between its copies landing and their widening. Rows >= valid are
 // zero-filled, and widen to zeros.

@@ -119,10 +119,6 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  bf162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // The online softmax of a consumer thread's two rows of an m64nN accumulator (NS = N / 2 floats:
 // element i is row g + 8 ((i / 2) % 2) of the warp's 16, column 8 (i / 4) + 2 t + i % 2), as
