@@ -429,7 +429,10 @@ TEST(GpuOps, LinearSkinnyFp8BlockShapes) {
 // shapes, add in another order). Whole tiles and row segments of 8, 16 and 32 chunks
 // (ending mid-K at K = 2560, 9728 and in a short chunk at 1008), rings of 2 stages that wrap many
 // times, one and two blocks per multiprocessor; N = 300, 584 and 48 end in a partial tile (whole
-// tiles leave its missing rows uncopied); 1, 5 and 8 rows.
+// tiles leave its missing rows uncopied); 1, 5 and 8 rows. Each ring also as on an RTX 5060
+// (CudaBackendOptions::emulate_*: sm_120, 99 KB per block), where its budget leaves room for two
+// or three stages of row segments: depths over that are cut to what fits, and a ring that cannot
+// fit two stages gives way to the default kernels (the same bits either way).
 TEST(GpuOps, LinearSkinnyRing) {
   QVL_REQUIRE_CUDA();
   if (!is_sm90()) GTEST_SKIP() << "the ring kernel needs sm_90 (cp.async.bulk)";
@@ -454,30 +457,37 @@ TEST(GpuOps, LinearSkinnyRing) {
   auto base = make_cuda_backend(eight);
   ASSERT_TRUE(base.is_ok()) << base.status().to_string();
   // mode 1: whole tiles (K = 9728 does not fit two: rows), 2: row segments of 8 * group chunks.
-  for (const Ring r :
-       {Ring{0, 0, 0, 1}, Ring{0, 1, 0, 1}, Ring{2, 1, 0, 2}, Ring{2, 2, 1, 1}, Ring{0, 2, 4, 1}, Ring{3, 2, 2, 2}}) {
-    CudaBackendOptions o;
-    o.skinny.variant = 3;
-    o.skinny.depth = r.depth;
-    o.skinny.split = r.mode;
-    o.skinny.group = r.group;
-    o.skinny.blocks = r.blocks;
-    auto ring = make_cuda_backend(o);
-    ASSERT_TRUE(ring.is_ok()) << ring.status().to_string();
-    SCOPED_TRACE("depth " + std::to_string(r.depth) + " mode " + std::to_string(r.mode) + " group " +
-                 std::to_string(r.group) + " blocks " + std::to_string(r.blocks));
-    for (const Case& c : cases) {
-      SCOPED_TRACE(describe(c));
-      const std::mt19937 seed = rng();
-      std::vector<float> a, b;
-      run_case(c, **base, Expect::kAny, &a);
-      rng() = seed;  // the same weights and inputs for both
-      run_case(c, **ring, Expect::kAny, &b);
-      ASSERT_EQ(a.size(), b.size());
-      EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
-                                      << " outputs differ between the 8-warp default kernels and the ring";
+  for (const int emulate : {0, 120})
+    for (const Ring r :
+         {Ring{0, 0, 0, 1}, Ring{0, 1, 0, 1}, Ring{2, 1, 0, 2}, Ring{2, 2, 1, 1}, Ring{0, 2, 4, 1}, Ring{3, 2, 2, 2}}) {
+      CudaBackendOptions o;
+      o.emulate_compute_capability = emulate;
+      o.emulate_smem_per_block = emulate ? 101376 : 0;
+      o.skinny.variant = 3;
+      o.skinny.depth = r.depth;
+      o.skinny.split = r.mode;
+      o.skinny.group = r.group;
+      o.skinny.blocks = r.blocks;
+      auto ring = make_cuda_backend(o);
+      ASSERT_TRUE(ring.is_ok()) << ring.status().to_string();
+      SCOPED_TRACE("depth " + std::to_string(r.depth) + " mode " + std::to_string(r.mode) + " group " +
+                   std::to_string(r.group) + " blocks " + std::to_string(r.blocks) + (emulate ? " as sm_120" : ""));
+      for (const Case& c : cases) {
+        SCOPED_TRACE(describe(c));
+        const std::mt19937 seed = rng();
+        std::vector<float> a, b;
+        run_case(c, **base, Expect::kAny, &a);
+        rng() = seed;  // the same weights and inputs for both
+        cuda_profile_start(**ring, 0.0);
+        run_case(c, **ring, Expect::kAny, &b);
+        int rings = 0;  // every case fits two stages of row segments, also in 99 KB
+        for (const CudaKernelTime& k : cuda_profile_stop(**ring)) rings += k.kernel.starts_with("skinny_ring");
+        EXPECT_GT(rings, 0) << "the ring did not run";
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(bits_differ(a, b), 0) << "of " << a.size()
+                                        << " outputs differ between the 8-warp default kernels and the ring";
+      }
     }
-  }
 }
 
 // The wide FP8 kernel (SkinnyTuning::variant 4, sm_90+ thread-block clusters; the default for

@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   configs.insert(configs.end(), ring.begin(), ring.end());
   configs.push_back({0, 0, 0});  // the default choice for the shape
   if (only_default) configs = {{0, 0, 0}};
-  const int ring_smem = prop.major >= 9 ? std::min(static_cast<int>(prop.sharedMemPerBlockOptin), 200 * 1024) : 0;
+  const int ring_smem = prop.major >= 9 ? ring_smem_budget(static_cast<int>(prop.sharedMemPerBlockOptin)) : 0;
   configure_skinny(ring_smem);
   const std::vector<int> rows = quick       ? std::vector<int>{1}
                                 : ring_only ? std::vector<int>{1, 8}

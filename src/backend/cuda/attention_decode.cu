@@ -835,7 +835,28 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
          shape.num_q_heads / shape.num_kv_heads <= kMaxGroup;
 }
 
-int configure_decode_attention(bool clusters) {
+// Whether one cluster of `size` decode blocks (head dim 128, the largest shared memory) fits the
+// device at once.
+bool decode_cluster_fits(int size) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(size));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(size);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  const bool fits =
+      cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true, false>, &cfg) == cudaSuccess && n > 0;
+  cudaGetLastError();  // a refused size is not an error here
+  return fits;
+}
+
+int configure_decode_attention(bool clusters, bool non_portable) {
   static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
   configure_one<64, false, false>();
   configure_one<128, false, false>();
@@ -846,35 +867,21 @@ int configure_decode_attention(bool clusters) {
   configure_one<64, true, true>();
   configure_one<128, true, true>();
   if (!clusters) return 0;
-  // Clusters of up to kMaxClusterSplits splits where the device can hold one (the shared memory
-  // of the largest head dim decides), else the portable 8.
-  int largest = 8;
-  if (cudaFuncSetAttribute(decode_kernel<128, false, true, false>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-      cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(kMaxClusterSplits);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = inbox_offset<128>() + kMaxInboxBytes;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kMaxClusterSplits;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, decode_kernel<128, false, true, false>, &cfg) == cudaSuccess && n > 0)
-      largest = kMaxClusterSplits;
+  // Clusters of up to kMaxClusterSplits splits where the device allows sizes past the portable
+  // 8 and can hold one, else 8 where it can hold that, else none (the merge through L2).
+  if (non_portable && cudaFuncSetAttribute(decode_kernel<128, false, true, false>,
+                                           cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    bool all = decode_cluster_fits(kMaxClusterSplits);
     for (auto* k : {decode_kernel<64, false, true, false>, decode_kernel<64, true, true, false>,
                     decode_kernel<128, true, true, false>, decode_kernel<64, false, true, true>,
                     decode_kernel<128, false, true, true>, decode_kernel<64, true, true, true>,
                     decode_kernel<128, true, true, true>})
-      if (largest == kMaxClusterSplits &&
-          cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-        largest = 8;
+      all = all && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    cudaGetLastError();  // a refused non-portable size is not an error here
+    if (all) return kMaxClusterSplits;
   }
-  cudaGetLastError();  // a refused non-portable size is not an error here
-  return largest;
+  cudaGetLastError();
+  return decode_cluster_fits(8) ? 8 : 0;
 }
 
 int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,

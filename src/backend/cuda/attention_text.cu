@@ -431,8 +431,8 @@ void configure_prefill() {
 void launch_text_attention_generic(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,
                                    const KvCacheView& cache, int layer, const TextAttentionShape& shape, float scale);
 
-int configure_text_attention(bool clusters) {
-  const int decode_cluster = configure_decode_attention(clusters);
+int configure_text_attention(bool clusters, bool non_portable_clusters) {
+  const int decode_cluster = configure_decode_attention(clusters, non_portable_clusters);
   configure_prefill<64, false>();
   configure_prefill<128, false>();
   configure_prefill<64, true>();

@@ -57,8 +57,11 @@ Status CudaBackend::init() {
   if (ctx_.vision_wgmma) cuda::configure_vision_wgmma();
   ctx_.prefill_wgmma = options_.prefill_wgmma && wgmma;
   if (ctx_.prefill_wgmma) cuda::configure_prefill_wgmma();
-  ctx_.ring_smem = info_.compute_capability >= 90 ? std::min(info_.max_smem_per_block, 200 * 1024) : 0;
-  cuda::configure_skinny(ctx_.ring_smem);
+  // The ring kernels' shared memory: their attribute from the device's own opt-in limit, the
+  // budget the launches choose within from the (possibly emulated) profile's, which is no more.
+  const bool ring = info_.compute_capability >= 90;
+  cuda::configure_skinny(ring ? cuda::ring_smem_budget(device_smem_) : 0);
+  ctx_.ring_smem = ring ? cuda::ring_smem_budget(info_.max_smem_per_block) : 0;
   // The wide FP8 decode Linear (skinny_wide.cu) was measured on sm_90 only (H100): elsewhere the
   // one-tile kernel stays the default, and the wide one runs only where a benchmark forces it.
   ctx_.wide_fp8 = ctx_.clusters && measured_arch();
@@ -70,12 +73,18 @@ Status CudaBackend::init() {
   ctx_.prologue_launches = &fp8_counts_.skinny_prologue;
   ctx_.early_launches = &fp8_counts_.skinny_early;
   ctx_.early_launch = std::clamp(options_.decode_early_launch, -1, 1);
-  const int decode_cluster = cuda::configure_text_attention(ctx_.clusters);
+  // Clusters over the portable 8 blocks only on the compute capabilities that allow them.
+  const int family = info_.compute_capability / 10;
+  const int decode_cluster = cuda::configure_text_attention(ctx_.clusters, family == 9 || family == 10);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   ctx_.decode_tma = options_.decode_attention_tma && info_.compute_capability >= 90;
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
   ctx_.prefill_wgmma_fp8_launches = &fp8_counts_.prefill_wgmma_fp8;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
+  if (options_.emulate_compute_capability != 0 || options_.emulate_smem_per_block != 0) {
+    ctx_.emulated_smem = info_.max_smem_per_block;
+    ctx_.emulated_max_cluster = !ctx_.clusters ? 1 : family == 9 || family == 10 ? 16 : 8;
+  }
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
     const size_t bytes = sizeof(uint64_t) * kDecodeTraceStamps * kDecodeTraceLayers * kDecodeSplitBlocks;
@@ -495,6 +504,18 @@ void CudaBackend::flush() {
     cuda::launch_silu_mul(ctx_, p.out, p.src);
 }
 
+void check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
+                           unsigned cluster_x) {
+  cudaFuncAttributes a{};
+  const cudaError_t err = cudaFuncGetAttributes(&a, kernel);
+  QVL_CHECK(err == cudaSuccess) << name << ": cudaFuncGetAttributes: " << cudaGetErrorString(err);
+  QVL_CHECK_LE(smem + a.sharedSizeBytes, static_cast<size_t>(ctx.emulated_smem))
+      << name << ": " << smem << " B of dynamic and " << a.sharedSizeBytes
+      << " B of static shared memory per block, over the emulated device's limit";
+  QVL_CHECK_LE(cluster_x, static_cast<unsigned>(ctx.emulated_max_cluster))
+      << name << ": a cluster of " << cluster_x << " blocks on the emulated device";
+}
+
 }  // namespace cuda
 
 using cuda::CudaBackend;
@@ -510,7 +531,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
   cudaFree(nullptr);  // create the context now, so the next reading includes it
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
-  auto backend = std::make_unique<CudaBackend>(options, info, total_b - free_b);
+  const int device_smem = info.max_smem_per_block;
+  QVL_RETURN_IF_ERROR(apply_emulated_profile(options, info));
+  auto backend = std::make_unique<CudaBackend>(options, info, total_b - free_b, device_smem);
   QVL_RETURN_IF_ERROR(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

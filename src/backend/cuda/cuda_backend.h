@@ -169,6 +169,14 @@ struct CudaBackendOptions {
   // done, instead of all of them before the wait. The prologue's row is then not read behind the
   // block's whole ring (skinny_ring.cu). The same bits either way.
   bool ring_prologue_first = true;
+  // Testing only: the backend makes every choice (kernel paths, their shared memory, cluster
+  // merges) as on a GPU of this compute capability with at most this much opt-in shared memory
+  // per block, e.g. 120 and 101376 for an RTX 5060, while the device runs its own code. A
+  // profile the device could not run is refused (make_cuda_backend): sm_90 only on sm_90 (its
+  // warpgroup-MMA kernels), sm_90+ on sm_90+, at most the device's shared memory. 0: the
+  // device's own. The GPU tests run the consumer GPUs' profiles on an H100 / H200.
+  int emulate_compute_capability = 0;
+  int emulate_smem_per_block = 0;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
@@ -343,6 +351,34 @@ struct CudaDeviceInfo {
   double memory_clock_khz = 0;
   int memory_bus_bits = 0;
 };
+
+// The device as a backend made with o treats it (CudaBackendOptions::emulate_compute_capability,
+// emulate_smem_per_block), written into info; invalid-argument, info unchanged, for a profile
+// the device could not run: under sm_80, sm_90 anywhere but on sm_90 (the warpgroup-MMA kernels
+// exist for sm_90a only), sm_90+ on an older device (TMA, clusters, PDL), or more shared memory
+// than the device has.
+inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo& info) {
+  const int cc = o.emulate_compute_capability, smem = o.emulate_smem_per_block;
+  if (cc == 0 && smem == 0) return Status::ok();
+  const std::string device = info.name + " (sm_" + std::to_string(info.compute_capability) + ")";
+  if (cc != 0) {
+    if (cc < 80) return invalid_argument("emulated sm_" + std::to_string(cc) + ": qvl needs sm_80 or newer");
+    if (cc / 10 == 9 && info.compute_capability != 90)
+      return invalid_argument("emulated sm_" + std::to_string(cc) + " on " + device +
+                              ": sm_90's warpgroup-MMA kernels run on sm_90 only");
+    if (cc >= 90 && info.compute_capability < 90)
+      return invalid_argument("emulated sm_" + std::to_string(cc) + " on " + device +
+                              ": its TMA, cluster and PDL paths need sm_90 or newer");
+  }
+  if (smem < 0 || smem > info.max_smem_per_block)
+    return invalid_argument("emulated " + std::to_string(smem) + " bytes of shared memory per block on " + device +
+                            ", which has " + std::to_string(info.max_smem_per_block));
+  if (cc != 0) info.compute_capability = cc;
+  if (smem != 0) info.max_smem_per_block = smem;
+  info.name += " as sm_" + std::to_string(info.compute_capability) + " with " +
+               std::to_string(info.max_smem_per_block) + " B of shared memory per block (emulated)";
+  return Status::ok();
+}
 
 // Peak DRAM bandwidth in GB/s from the device's memory clock and bus width (double data rate;
 // 0 where they are unknown): an H100 SXM 3352, an H200 4814.

@@ -44,8 +44,14 @@ namespace qvl::cuda {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const CudaBackendOptions& options, const CudaDeviceInfo& info, size_t context_bytes)
-      : options_(options), info_(info), context_bytes_(context_bytes), stats_(std::make_shared<AllocationStats>()) {}
+  // info: the device as the backend treats it (apply_emulated_profile); device_smem: the
+  // device's own opt-in shared memory per block.
+  CudaBackend(const CudaBackendOptions& options, const CudaDeviceInfo& info, size_t context_bytes, int device_smem)
+      : options_(options),
+        info_(info),
+        device_smem_(device_smem),
+        context_bytes_(context_bytes),
+        stats_(std::make_shared<AllocationStats>()) {}
   ~CudaBackend() override;
 
   // Creates the stream and every workspace (resource-exhausted when they do not fit).
@@ -243,6 +249,7 @@ class CudaBackend final : public Backend {
 
   CudaBackendOptions options_;
   CudaDeviceInfo info_;
+  int device_smem_ = 0;
   size_t context_bytes_;
   std::shared_ptr<AllocationStats> stats_;
   cudaStream_t stream_ = nullptr;

@@ -59,6 +59,11 @@ struct SkipRule {
   std::string name;
   unsigned grid_x = 0;
 };
+// Throws a CheckFailure naming the launch when `smem` bytes of dynamic shared memory beside the
+// kernel's static ones exceed ctx.emulated_smem, or its cluster ctx.emulated_max_cluster.
+struct LaunchContext;
+void check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
+                           unsigned cluster_x);
 // Parses "name[@grid_x],..." (empty: none).
 std::vector<SkipRule> parse_skip_rules(const std::string& spec);
 bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned grid_x);
@@ -81,6 +86,11 @@ struct LaunchContext {
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
+  // Testing only (CudaBackendOptions::emulate_*): the emulated device's opt-in shared memory per
+  // block and largest cluster; every launch checks that its dynamic and static shared memory and
+  // its cluster fit them (check_emulated_launch). 0: no check.
+  int emulated_smem = 0;
+  int emulated_max_cluster = 0;
   int ring_smem = 0;          // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;      // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   bool fp8_glu_ring = false;  // FP8 gate_up at one row may take the ring by default (sm_9x, measured)
@@ -201,9 +211,12 @@ void launch_skinny_linear(const LaunchContext& ctx, Tensor out, const Tensor& x,
                           const Epilogue& ep, const SkinnyPrologue& pro = {}, const Tensor& glu_out = {},
                           bool follows_attention = false);
 // Lets the one-tile kernels with a SiLU·mul prologue stage gate and up in up to twice
-// kFusedPrologueMaxBytes of shared memory, and the ring kernels take up to ring_smem
-// (LaunchContext::ring_smem; 0: none), per backend, before any launch.
+// kFusedPrologueMaxBytes of shared memory, and the ring and wide kernels take up to ring_smem
+// (ring_smem_budget of the device's opt-in limit; 0: none), per backend, before any launch.
 void configure_skinny(int ring_smem);
+// The shared memory the ring kernels may take beside their own static shared memory on a device
+// of `smem_optin` bytes per block (at most 200 KB): what LaunchContext::ring_smem holds on sm_90+.
+int ring_smem_budget(int smem_optin);
 
 // ---- argmax.cu ----
 // ids[r] = the first index of row r's largest logit (NaN skipped). `scratch` holds
@@ -240,8 +253,10 @@ bool launch_decode_stack(const LaunchContext& ctx, const DecodeStackArgs& args);
 
 // Sets the kernels' shared-memory limits; call once per device before the first launch.
 void configure_vision_attention();
-// Returns the largest decode-attention cluster (LaunchContext::decode_cluster; 0 without clusters).
-int configure_text_attention(bool clusters);
+// Returns the largest decode-attention cluster (LaunchContext::decode_cluster; 0 without clusters,
+// or where the device cannot hold a cluster of 8): up to 16 where non_portable_clusters (sm_90 /
+// sm_100 allow sizes past 8) and the device can hold one.
+int configure_text_attention(bool clusters, bool non_portable_clusters);
 
 // ---- attention_vision.cu ----
 void launch_vision_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const VisionSegments& seg,
@@ -263,7 +278,7 @@ bool launch_text_prefill_attention_wgmma(const LaunchContext& ctx, Tensor out, c
                                          const TextAttentionShape& shape, float scale);
 
 // ---- attention_text.cu (prefill, q/k norm + RoPE) and attention_decode.cu ----
-int configure_decode_attention(bool clusters);
+int configure_decode_attention(bool clusters, bool non_portable);
 struct MropeParams {
   float inv_freq[128];
   uint8_t axis[128];

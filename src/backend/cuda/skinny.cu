@@ -228,9 +228,10 @@ SkinnyTuning choose_skinny(const LaunchContext& ctx, const SkinnyParams& p, bool
   SkinnyTuning t = requested_tuning(ctx, p.N);
   if (t.stage == 0) t.stage = 2;
   QVL_CHECK(t.stage == 1 || t.stage == 2) << "skinny stage " << t.stage;
-  // The bulk-copy ring takes at most 8 rows on sm_90+, FP8 with 128-row scale blocks; elsewhere
-  // its override gives way to the defaults.
-  if (t.variant == 3 && (p.n > 8 || ctx.ring_smem == 0 || (fp8 && p.scale_row_shift != kChunkShift)))
+  // The bulk-copy ring takes at most 8 rows on sm_90+, FP8 with 128-row scale blocks, where two
+  // of its stages fit; elsewhere its override gives way to the defaults.
+  if (t.variant == 3 && (p.n > 8 || (fp8 && p.scale_row_shift != kChunkShift) ||
+                         !ring_fits(ctx, p, fp8, ring_prologue_bytes(p, pro, t.stage), t.blocks > 0 ? t.blocks : 1)))
     t = SkinnyTuning{.stage = t.stage};
   // The wide kernel takes FP8 Linears without a prologue where it can launch (skinny_wide.cu).
   if (t.variant == 4 && (!fp8 || !wide_available(ctx, p.n) || pro != SkinnyPrologue::kNone))

@@ -476,6 +476,13 @@ struct RingTuning {
   int mode = 0;  // 1: whole 16-row tiles per stage (one copy), 2: row segments (16 copies), 0: whole tiles up to 64 KB
 };
 void configure_ring(int bytes);
+// The most dynamic shared memory the ring kernels take on any device (kernels.h
+// ring_smem_budget: the opt-in limit less their static shared memory, ~9 KB, up to this).
+constexpr int kRingSmemMax = 200 * 1024;
+// Whether a ring launch of p can fit ctx.ring_smem at all (two stages of whole tiles or of the
+// smallest row segments, beside `pro_bytes` of prologue and the block scales of `blocks` per
+// multiprocessor): where it cannot, a forced ring gives way to the defaults.
+bool ring_fits(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int blocks);
 // Tiles of at most this many bytes stream through the ring as whole tiles by default (one copy
 // each).
 constexpr int kRingWholeTileMax = 64 * 1024;

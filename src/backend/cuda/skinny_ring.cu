@@ -238,11 +238,14 @@ void launch_ring_kernel(const LaunchContext& ctx, const SkinnyParams& p, SkinnyP
   }
   L.stage_bytes = kRows * L.row_stride;
   // Default depth: the stages that fit kRingBudget beside the prologue, so that the next
-  // kernel's block fits on the multiprocessor too; at least two.
+  // kernel's block fits on the multiprocessor too; at least two. Forced or default, no more than
+  // fit ctx.ring_smem (on ~100 KB devices kRingBudget alone would not).
+  constexpr int kStageExtra = sizeof(uint64_t) + sizeof(unsigned);  // its mbarrier and counter
+  const int fit = (ctx.ring_smem - L.ring_offset - scale_bytes) / (L.stage_bytes + kStageExtra);
   L.depth = rt.depth > 0 ? rt.depth : std::max(2, (kRingBudget - L.ring_offset - scale_bytes) / L.stage_bytes);
-  const size_t smem = static_cast<size_t>(L.ring_offset) +
-                      static_cast<size_t>(L.depth) * (L.stage_bytes + sizeof(uint64_t) + sizeof(unsigned)) +
-                      scale_bytes;
+  L.depth = std::max(2, std::min(L.depth, fit));
+  const size_t smem =
+      static_cast<size_t>(L.ring_offset) + static_cast<size_t>(L.depth) * (L.stage_bytes + kStageExtra) + scale_bytes;
   QVL_CHECK_LE(smem, static_cast<size_t>(ctx.ring_smem))
       << "skinny ring: " << L.depth << " stages of " << L.stage_bytes << " bytes";
   L.early = L.depth;
@@ -268,6 +271,14 @@ void allow_ring_smem(int bytes) {
 
 }  // namespace
 
+bool ring_fits(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int blocks) {
+  if (ctx.ring_smem <= 0) return false;
+  const RingFixed f = ring_fixed(ctx, p, fp8, pro_bytes, blocks);
+  // Two stages of the smallest row segments (group 1), as launch_ring_kernel's loop counts them.
+  const int64_t segments = int64_t{2} * kRows * (kWarps * kChunk * (fp8 ? 1 : 2) + 64 + 16);
+  return two_whole_tiles_fit(ctx, p, fp8, f) || f.ring_offset + segments + f.scale_bytes <= ctx.ring_smem;
+}
+
 bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int max_tile) {
   const RingFixed f = ring_fixed(ctx, p, fp8, pro_bytes, RingTuning{}.blocks);
   return static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2) <= max_tile && two_whole_tiles_fit(ctx, p, fp8, f);
@@ -292,3 +303,22 @@ template void launch_ring<true>(const LaunchContext&, const SkinnyParams&, Skinn
 template void launch_ring<false>(const LaunchContext&, const SkinnyParams&, SkinnyPrologue::Kind, const RingTuning&);
 
 }  // namespace qvl::cuda::skinny
+
+namespace qvl::cuda {
+
+int ring_smem_budget(int smem_optin) {
+  int static_bytes = 0;
+  for (const void* k : {(const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kNone>,
+                        (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kRmsNorm>,
+                        (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kSiluMul>,
+                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kNone>,
+                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kRmsNorm>,
+                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kSiluMul>}) {
+    cudaFuncAttributes a{};
+    QVL_CUDA_CHECK(cudaFuncGetAttributes(&a, k));
+    static_bytes = std::max(static_bytes, static_cast<int>(a.sharedSizeBytes));
+  }
+  return std::clamp(smem_optin - static_bytes, 0, skinny::kRingSmemMax);
+}
+
+}  // namespace qvl::cuda

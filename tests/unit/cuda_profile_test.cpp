@@ -1,0 +1,84 @@
+// The CUDA backend's emulated device profiles (CudaBackendOptions::emulate_*,
+// apply_emulated_profile): which profiles a device can run and what the backend then takes the
+// device for. The GPU tests run the accepted ones (gpu_model_test.cpp, gpu_linear_test.cpp).
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace qvl {
+namespace {
+
+// An H200 as cudaGetDeviceProperties describes it (sm_90, 227 KB of opt-in shared memory).
+CudaDeviceInfo h200() {
+  CudaDeviceInfo d;
+  d.name = "NVIDIA H200";
+  d.compute_capability = 90;
+  d.multiprocessors = 132;
+  d.max_smem_per_block = 232448;
+  return d;
+}
+
+CudaBackendOptions profile(int cc, int smem) {
+  CudaBackendOptions o;
+  o.emulate_compute_capability = cc;
+  o.emulate_smem_per_block = smem;
+  return o;
+}
+
+TEST(CudaProfile, NoneLeavesTheDeviceAsItIs) {
+  CudaDeviceInfo d = h200();
+  ASSERT_TRUE(apply_emulated_profile(CudaBackendOptions{}, d).is_ok());
+  EXPECT_EQ(d.compute_capability, 90);
+  EXPECT_EQ(d.max_smem_per_block, 232448);
+  EXPECT_EQ(d.name, "NVIDIA H200");
+}
+
+TEST(CudaProfile, ConsumerGpusOnAnH200) {
+  for (const auto& [cc, smem] : {std::pair{120, 101376}, std::pair{89, 101376}, std::pair{86, 101376},
+                                 std::pair{80, 166912}, std::pair{100, 232448}}) {
+    CudaDeviceInfo d = h200();
+    const Status s = apply_emulated_profile(profile(cc, smem), d);
+    ASSERT_TRUE(s.is_ok()) << cc << ": " << s.to_string();
+    EXPECT_EQ(d.compute_capability, cc);
+    EXPECT_EQ(d.max_smem_per_block, smem);
+    EXPECT_EQ(d.multiprocessors, 132);
+    EXPECT_NE(d.name.find("as sm_" + std::to_string(cc)), std::string::npos) << d.name;
+    EXPECT_NE(d.name.find("(emulated)"), std::string::npos) << d.name;
+  }
+  // Shared memory alone: the device's compute capability stays.
+  CudaDeviceInfo d = h200();
+  ASSERT_TRUE(apply_emulated_profile(profile(0, 101376), d).is_ok());
+  EXPECT_EQ(d.compute_capability, 90);
+  EXPECT_EQ(d.max_smem_per_block, 101376);
+}
+
+// Each refusal names what the device lacks, and leaves info as it was.
+TEST(CudaProfile, RefusesWhatTheDeviceCannotRun) {
+  struct Bad {
+    CudaDeviceInfo device;
+    int cc, smem;
+    const char* names;
+  };
+  CudaDeviceInfo a100 = h200();
+  a100.name = "NVIDIA A100";
+  a100.compute_capability = 80;
+  a100.max_smem_per_block = 166912;
+  CudaDeviceInfo b200 = h200();
+  b200.compute_capability = 100;
+  for (const Bad& b :
+       {Bad{h200(), 75, 0, "sm_80 or newer"}, Bad{a100, 120, 0, "need sm_90 or newer"}, Bad{a100, 90, 0, "sm_90 only"},
+        Bad{b200, 90, 0, "sm_90 only"}, Bad{h200(), 0, 232449, "which has 232448"},
+        Bad{a100, 89, 232448, "which has 166912"}, Bad{h200(), 120, -1, "-1 bytes"}}) {
+    CudaDeviceInfo d = b.device;
+    const Status s = apply_emulated_profile(profile(b.cc, b.smem), d);
+    ASSERT_FALSE(s.is_ok()) << b.cc << " / " << b.smem;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(b.names), std::string::npos) << s.to_string();
+    EXPECT_EQ(d.compute_capability, b.device.compute_capability);
+    EXPECT_EQ(d.max_smem_per_block, b.device.max_smem_per_block);
+    EXPECT_EQ(d.name, b.device.name);
+  }
+}
+
+}  // namespace
+}  // namespace qvl
