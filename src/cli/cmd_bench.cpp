@@ -23,6 +23,10 @@
 // while the host queues the launches, so these are device times) and prints a per-op table to
 // stderr for each (op, calls, µs, share, GB/s and TFLOP/s against the op's minimum bytes and
 // FLOPs); the JSON gets the same rows under "profile".
+//
+// --emulate-gpu sm_120 (CUDA, testing) makes every choice as the backend would on that GPU (an
+// RTX 5060: no warpgroup MMA, 99 KB of shared memory per block) and checks each launch against
+// its limits; the device still runs its own code, so the times are this device's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -105,6 +109,7 @@ struct BenchOptions {
   int kv_page_tokens = 16;               // tokens per KV page (the engine's default is 16)
   std::string kv_dtype = "bf16";         // CUDA: bf16 or fp8 (the CPU backend keeps its fp32 cache)
   std::string skip_kernels;              // measurement only: launches left out
+  std::string emulate_gpu;               // testing only: CudaBackendOptions::emulate_* as "sm_NN[:BYTES]"
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
   int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
@@ -192,13 +197,34 @@ Status run_bench(const BenchOptions& o) {
       opts.decode_l2_prefetch_bytes = static_cast<int64_t>(o.decode_l2_prefetch_mb * 1e6);
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
+    if (!o.emulate_gpu.empty()) {
+      // sm_NN[:BYTES]; without BYTES the opt-in shared memory per block of that generation's
+      // consumer cards (sm_86 / 89 / 120: 99 KB) or of an A100 (sm_80: 163 KB).
+      const std::string& e = o.emulate_gpu;
+      const size_t colon = e.find(':');
+      const std::string sm = e.substr(0, colon);
+      if (sm.size() < 5 || sm.size() > 6 || sm.rfind("sm_", 0) != 0 ||
+          sm.find_first_not_of("0123456789", 3) != std::string::npos)
+        return invalid_argument("--emulate-gpu " + e + ": expected sm_NN[:BYTES], e.g. sm_120 or sm_89:101376");
+      const int cc = std::stoi(sm.substr(3));
+      int smem = cc == 80 ? 166912 : cc == 86 || cc == 89 || cc == 120 ? 101376 : 0;
+      if (colon != std::string::npos) {
+        const std::string b = e.substr(colon + 1);
+        if (b.empty() || b.size() > 9 || b.find_first_not_of("0123456789") != std::string::npos)
+          return invalid_argument("--emulate-gpu " + e + ": BYTES must be a number of bytes");
+        smem = std::stoi(b);
+      }
+      opts.emulate_compute_capability = cc;
+      opts.emulate_smem_per_block = smem;
+    }
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},
               {"multiprocessors", info.multiprocessors},
               {"total_memory_bytes", info.total_memory},
               {"l2_bytes", info.l2_bytes},
-              {"peak_dram_gbps", cuda_peak_dram_gbps(info)}};
+              {"peak_dram_gbps", cuda_peak_dram_gbps(info)},
+              {"backend", backend->name()}};
 #else
     return failed_precondition("--backend cuda: this qvl was built without the CUDA backend");
 #endif
@@ -688,6 +714,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--kv-page-tokens", o->kv_page_tokens, "Tokens per KV cache page (16)")->check(CLI::Range(1, 4096));
   app.add_option("--kv-dtype", o->kv_dtype, "KV cache dtype on CUDA: bf16 or fp8 (bf16)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  app.add_option("--emulate-gpu", o->emulate_gpu,
+                 "CUDA testing: choose kernels, shared memory and clusters as on this GPU, \"sm_NN[:BYTES]\" "
+                 "(e.g. sm_120: an RTX 5060's 99 KB per block), every launch checked against its limits; "
+                 "the device runs its own code, so the times are this device's");
   app.add_option("--skip-kernels", o->skip_kernels,
                  "CUDA measurement only (results are wrong): leave out launches of these kernels, "
                  "\"name[@grid_x],...\" (e.g. text_decode_attention, skinny_linear@128)");
