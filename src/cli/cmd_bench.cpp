@@ -41,6 +41,7 @@
 #include "backend/top_k.h"
 #include "cli/bench_support.h"
 #include "cli/command.h"
+#include "cli/emulate_gpu.h"
 #include "cli/engine_args.h"
 #include "cli/model_args.h"
 #include "core/arena.h"
@@ -197,26 +198,7 @@ Status run_bench(const BenchOptions& o) {
       opts.decode_l2_prefetch_bytes = static_cast<int64_t>(o.decode_l2_prefetch_mb * 1e6);
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
-    if (!o.emulate_gpu.empty()) {
-      // sm_NN[:BYTES]; without BYTES the opt-in shared memory per block of that generation's
-      // consumer cards (sm_86 / 89 / 120: 99 KB) or of an A100 (sm_80: 163 KB).
-      const std::string& e = o.emulate_gpu;
-      const size_t colon = e.find(':');
-      const std::string sm = e.substr(0, colon);
-      if (sm.size() < 5 || sm.size() > 6 || sm.rfind("sm_", 0) != 0 ||
-          sm.find_first_not_of("0123456789", 3) != std::string::npos)
-        return invalid_argument("--emulate-gpu " + e + ": expected sm_NN[:BYTES], e.g. sm_120 or sm_89:101376");
-      const int cc = std::stoi(sm.substr(3));
-      int smem = cc == 80 ? 166912 : cc == 86 || cc == 89 || cc == 120 ? 101376 : 0;
-      if (colon != std::string::npos) {
-        const std::string b = e.substr(colon + 1);
-        if (b.empty() || b.size() > 9 || b.find_first_not_of("0123456789") != std::string::npos)
-          return invalid_argument("--emulate-gpu " + e + ": BYTES must be a number of bytes");
-        smem = std::stoi(b);
-      }
-      opts.emulate_compute_capability = cc;
-      opts.emulate_smem_per_block = smem;
-    }
+    if (!o.emulate_gpu.empty()) QVL_RETURN_IF_ERROR(parse_emulate_gpu(o.emulate_gpu, opts));
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},

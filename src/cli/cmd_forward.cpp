@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "cli/command.h"
+#include "cli/emulate_gpu.h"
 #include "cli/engine_args.h"
 #include "cli/model_args.h"
 #include "core/log.h"
@@ -52,6 +53,7 @@ struct ForwardOptions {
   bool no_cublas_gelu = false;       // CUDA: GELU (tanh) as a pass (CudaBackendOptions::cublas_gelu off)
   bool no_vision_wgmma = false;      // CUDA: CudaBackendOptions::vision_wgmma off
   bool no_prefill_wgmma = false;     // CUDA: CudaBackendOptions::prefill_wgmma off
+  std::string emulate_gpu;           // CUDA testing: CudaBackendOptions::emulate_* as "sm_NN[:BYTES]"
 };
 
 using Clock = std::chrono::steady_clock;
@@ -125,6 +127,7 @@ Result<std::unique_ptr<Backend>> make_backend(const ForwardOptions& o) {
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.vision_wgmma = !o.no_vision_wgmma;
     opts.prefill_wgmma = !o.no_prefill_wgmma;
+    if (!o.emulate_gpu.empty()) QVL_RETURN_IF_ERROR(parse_emulate_gpu(o.emulate_gpu, opts));
     return make_cuda_backend(opts);
   }
 #endif
@@ -270,6 +273,9 @@ std::function<int()> setup_forward(CLI::App& app) {
   app.add_option("--logits-last", o->logits_last, "Logits of the last N prompt positions (default 1)");
   app.add_option("--decode-steps", o->decode_steps, "Greedy decode steps after the prefill (timing, tokens)");
   app.add_flag("--no-stages", o->no_stages, "Only logits and forward.json (no stage dumps)");
+  app.add_option("--emulate-gpu", o->emulate_gpu,
+                 "CUDA testing: choose kernels as on this GPU, \"sm_NN[:BYTES]\" (e.g. sm_120), every launch "
+                 "checked against its limits (qvl bench --emulate-gpu)");
   app.add_flag("--no-cublas-gelu", o->no_cublas_gelu,
                "CUDA: GELU (tanh) Linears as a pass after the rounded output, not in cuBLASLt's epilogue");
   add_wgmma_flags(app, &o->no_vision_wgmma, &o->no_prefill_wgmma);

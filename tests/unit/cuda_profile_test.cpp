@@ -3,7 +3,11 @@
 // device for. The GPU tests run the accepted ones (gpu_model_test.cpp, gpu_linear_test.cpp).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+
 #include "backend/cuda/cuda_backend.h"
+#include "cli/emulate_gpu.h"
 
 namespace qvl {
 namespace {
@@ -77,6 +81,26 @@ TEST(CudaProfile, RefusesWhatTheDeviceCannotRun) {
     EXPECT_EQ(d.compute_capability, b.device.compute_capability);
     EXPECT_EQ(d.max_smem_per_block, b.device.max_smem_per_block);
     EXPECT_EQ(d.name, b.device.name);
+  }
+}
+
+// qvl bench / qvl forward --emulate-gpu.
+TEST(CudaProfile, EmulateGpuFlag) {
+  for (const auto& [spec, cc, smem] :
+       {std::tuple{"sm_120", 120, 101376}, std::tuple{"sm_89", 89, 101376}, std::tuple{"sm_86", 86, 101376},
+        std::tuple{"sm_80", 80, 166912}, std::tuple{"sm_100", 100, 0}, std::tuple{"sm_120:65536", 120, 65536}}) {
+    CudaBackendOptions o;
+    ASSERT_TRUE(parse_emulate_gpu(spec, o).is_ok()) << spec;
+    EXPECT_EQ(o.emulate_compute_capability, cc) << spec;
+    EXPECT_EQ(o.emulate_smem_per_block, smem) << spec;
+  }
+  for (const char* bad :
+       {"", "120", "sm120", "sm_", "sm_1", "sm_1200", "sm_12a", "sm_120:", "sm_120:1k", "sm_120:1234567890"}) {
+    CudaBackendOptions o;
+    const Status s = parse_emulate_gpu(bad, o);
+    EXPECT_FALSE(s.is_ok()) << bad;
+    EXPECT_NE(s.message().find("--emulate-gpu"), std::string::npos) << s.to_string();
+    EXPECT_EQ(o.emulate_compute_capability, 0) << bad;
   }
 }
 
