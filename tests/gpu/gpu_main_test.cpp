@@ -1,7 +1,10 @@
 // main() of qvl_gpu_tests: exits 77 (ctest's skip code) when there is no CUDA device, runs the
 // tests otherwise, and prints one summary table of every comparison (op, shape, max error,
 // tolerance, pass) after the run, so one run on the GPU machine tells the whole story.
-// QVL_GPU_TEST_SEED=<n> repeats a run's random inputs.
+// QVL_GPU_TEST_SEED=<n> repeats a run's random inputs. QVL_GPU_TEST_PROFILE=sm_NN[:BYTES] runs
+// every test as on that GPU (set_cuda_test_profile): with a build of only that architecture's PTX
+// (cmake -DQVL_CUDA_ARCHS=80), an H100 / H200 runs the sm_80 device code, JIT-compiled, with the
+// backend's sm_80 choices; tests of sm_90-only paths then skip themselves.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +12,7 @@
 #include <sstream>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cli/emulate_gpu.h"
 #include "gpu/gpu_util.h"
 
 namespace qvl::test::gpu {
@@ -129,6 +133,16 @@ int main(int argc, char** argv) {
   if (qvl::cuda_device_count() == 0) {
     std::printf("qvl_gpu_tests: no CUDA device; skipping (exit 77)\n");
     return 77;
+  }
+  if (const char* profile = std::getenv("QVL_GPU_TEST_PROFILE"); profile != nullptr && *profile != '\0') {
+    qvl::CudaBackendOptions o;
+    qvl::Status s = qvl::parse_emulate_gpu(profile, o);
+    if (s.is_ok()) s = qvl::set_cuda_test_profile(o.emulate_compute_capability, o.emulate_smem_per_block);
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "qvl_gpu_tests: QVL_GPU_TEST_PROFILE: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    std::printf("qvl_gpu_tests: every test as %s\n", qvl::cuda_device_info(0).value().name.c_str());
   }
   const char* seed = std::getenv("QVL_GPU_TEST_SEED");
   qvl::test::gpu::g_seed = seed ? static_cast<uint32_t>(std::strtoul(seed, nullptr, 10)) : std::random_device{}();

@@ -35,6 +35,7 @@ TEST(CudaProfile, NoneLeavesTheDeviceAsItIs) {
   EXPECT_EQ(d.compute_capability, 90);
   EXPECT_EQ(d.max_smem_per_block, 232448);
   EXPECT_EQ(d.name, "NVIDIA H200");
+  EXPECT_FALSE(d.emulated);
 }
 
 TEST(CudaProfile, ConsumerGpusOnAnH200) {
@@ -49,6 +50,14 @@ TEST(CudaProfile, ConsumerGpusOnAnH200) {
     EXPECT_NE(d.name.find("as sm_" + std::to_string(cc)), std::string::npos) << d.name;
     EXPECT_NE(d.name.find("(emulated)"), std::string::npos) << d.name;
   }
+  // A profile over a profile (set_cuda_test_profile's device, then a backend's own): the name
+  // says the last one once.
+  CudaDeviceInfo twice = h200();
+  ASSERT_TRUE(apply_emulated_profile(profile(120, 101376), twice).is_ok());
+  ASSERT_TRUE(apply_emulated_profile(profile(120, 65536), twice).is_ok());
+  EXPECT_TRUE(twice.emulated);
+  EXPECT_EQ(twice.max_smem_per_block, 65536);
+  EXPECT_EQ(twice.name, "NVIDIA H200 as sm_120 with 65536 B of shared memory per block (emulated)");
   // Shared memory alone: the device's compute capability stays.
   CudaDeviceInfo d = h200();
   ASSERT_TRUE(apply_emulated_profile(profile(0, 101376), d).is_ok());

@@ -520,8 +520,15 @@ void check_emulated_launch(const LaunchContext& ctx, const char* name, const voi
 
 using cuda::CudaBackend;
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
-  QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(options.device));
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& given) {
+  QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(given.device));
+  // Under set_cuda_test_profile, info is that profile already; the options take it too (for the
+  // launch checks) unless they name their own.
+  CudaBackendOptions options = given;
+  if (options.emulate_compute_capability == 0 && options.emulate_smem_per_block == 0 && info.emulated) {
+    options.emulate_compute_capability = info.compute_capability;
+    options.emulate_smem_per_block = info.max_smem_per_block;
+  }
   if (info.compute_capability < 80)
     return failed_precondition("CUDA device " + std::to_string(options.device) + " (" + info.name +
                                ") has compute capability " + std::to_string(info.compute_capability / 10) + "." +

@@ -350,6 +350,7 @@ struct CudaDeviceInfo {
   size_t l2_bytes = 0;
   double memory_clock_khz = 0;
   int memory_bus_bits = 0;
+  bool emulated = false;  // compute_capability and max_smem_per_block are a profile's (apply_emulated_profile)
 };
 
 // The device as a backend made with o treats it (CudaBackendOptions::emulate_compute_capability,
@@ -375,8 +376,10 @@ inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo
                             ", which has " + std::to_string(info.max_smem_per_block));
   if (cc != 0) info.compute_capability = cc;
   if (smem != 0) info.max_smem_per_block = smem;
+  if (info.emulated) info.name.resize(info.name.find(" as sm_"));  // the profile's own again
   info.name += " as sm_" + std::to_string(info.compute_capability) + " with " +
                std::to_string(info.max_smem_per_block) + " B of shared memory per block (emulated)";
+  info.emulated = true;
   return Status::ok();
 }
 
@@ -394,6 +397,13 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal);
 // Makes the CUDA backend on options.device; failed-precondition when there is no usable
 // device, resource-exhausted when the workspaces do not fit.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
+
+// Testing only: from now on, cuda_device_info reports every device as this profile makes it
+// (apply_emulated_profile), and make_cuda_backend gives it to every backend whose options name
+// none, with the launch checks. The GPU tests set it from QVL_GPU_TEST_PROFILE to run a build of
+// another architecture's PTX (e.g. only compute_80: the sm_80 code JIT-compiled) on an H100 /
+// H200 as that GPU. Invalid-argument, nothing set, for a profile the devices could not run.
+Status set_cuda_test_profile(int compute_capability, int smem_per_block);
 
 // Memory accounting of a CUDA backend (for `qvl bench` and the planner's checks).
 struct CudaMemoryStats {

@@ -13,6 +13,27 @@
 
 namespace qvl {
 
+namespace {
+// set_cuda_test_profile's profile (0, 0: none).
+CudaBackendOptions& test_profile() {
+  static CudaBackendOptions o;
+  return o;
+}
+}  // namespace
+
+Status set_cuda_test_profile(int compute_capability, int smem_per_block) {
+  CudaBackendOptions o;
+  o.emulate_compute_capability = compute_capability;
+  o.emulate_smem_per_block = smem_per_block;
+  test_profile() = CudaBackendOptions{};
+  for (int d = 0; d < cuda_device_count(); ++d) {
+    QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(d));
+    QVL_RETURN_IF_ERROR(apply_emulated_profile(o, info));
+  }
+  test_profile() = o;
+  return Status::ok();
+}
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -51,6 +72,7 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal) {
     cudaSetDevice(previous);
   }
   cudaGetLastError();
+  QVL_RETURN_IF_ERROR(apply_emulated_profile(test_profile(), info));
   return info;
 }
 
