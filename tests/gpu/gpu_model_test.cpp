@@ -69,6 +69,17 @@ std::vector<float> run(const Qwen3VLModel& model, int chunk, const std::vector<i
   return out;
 }
 
+// run() over the chat-shaped prompt of one image of 1x4x6 patches (6 image tokens) whose pixel
+// values are px.
+std::vector<float> run_image_prompt(const Qwen3VLModel& model, const ModelConfig& cfg, int chunk,
+                                    const std::vector<float>& px) {
+  std::vector<int32_t> ids = {151644, 872, 198, 151652};
+  ids.insert(ids.end(), 6, cfg.tokens.image_token_id);
+  ids.insert(ids.end(), {151653, 42, 9000, 311, 151645, 198, 151644, 77091, 198});
+  const std::vector<ImageInput> images = {{px.data(), ImageGrid{1, 4, 6}}};
+  return run(model, chunk, ids, images);
+}
+
 TEST(GpuModel, TinyPresetsMatchTheCpuOracle) {
   QVL_REQUIRE_CUDA();
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
@@ -78,15 +89,10 @@ TEST(GpuModel, TinyPresetsMatchTheCpuOracle) {
     {
       Loaded c = load(cpu(), dir, cfg), g = load(*cuda(), dir, cfg);
       ASSERT_TRUE(c.model && g.model);
-      const int img = cfg.tokens.image_token_id;
-      std::vector<int32_t> ids = {151644, 872, 198, 151652};
-      ids.insert(ids.end(), 6, img);  // grid 1x4x6 -> 6 tokens
-      ids.insert(ids.end(), {151653, 42, 9000, 311, 151645, 198, 151644, 77091, 198});
-      std::vector<float> px = random_values(24 * cfg.vision.patch_dim());
-      std::vector<ImageInput> images = {{px.data(), ImageGrid{1, 4, 6}}};
-      const std::vector<float> ref = run(*c.model, 0, ids, images);
+      const std::vector<float> px = random_values(24 * cfg.vision.patch_dim());
+      const std::vector<float> ref = run_image_prompt(*c.model, cfg, 0, px);
       for (int chunk : {0, 5, 1}) {
-        const std::vector<float> got = run(*g.model, chunk, ids, images);
+        const std::vector<float> got = run_image_prompt(*g.model, cfg, chunk, px);
         EXPECT_TRUE(compare("model logits (3 prefill + 4 decode)",
                             preset + (chunk ? " chunk " + std::to_string(chunk) : " whole prompt"), got, ref,
                             tol::kGpuModelLogits));
@@ -115,13 +121,8 @@ TEST(GpuModel, ConsumerGpuProfilesMatchTheCpuOracle) {
     ASSERT_TRUE(generate_tiny(cfg, 29, dir).is_ok());
     Loaded c = load(cpu(), dir, cfg);
     ASSERT_TRUE(c.model);
-    const int img = cfg.tokens.image_token_id;
-    std::vector<int32_t> ids = {151644, 872, 198, 151652};
-    ids.insert(ids.end(), 6, img);  // grid 1x4x6 -> 6 tokens
-    ids.insert(ids.end(), {151653, 42, 9000, 311, 151645, 198, 151644, 77091, 198});
-    std::vector<float> px = random_values(24 * cfg.vision.patch_dim());
-    std::vector<ImageInput> images = {{px.data(), ImageGrid{1, 4, 6}}};
-    const std::vector<float> ref = run(*c.model, 0, ids, images);
+    const std::vector<float> px = random_values(24 * cfg.vision.patch_dim());
+    const std::vector<float> ref = run_image_prompt(*c.model, cfg, 0, px);
     for (const Profile prof : {Profile{120, 101376}, Profile{89, 101376}, Profile{80, 166912}}) {
       SCOPED_TRACE(preset + " as sm_" + std::to_string(prof.cc));
       CudaBackendOptions opt;
@@ -138,7 +139,7 @@ TEST(GpuModel, ConsumerGpuProfilesMatchTheCpuOracle) {
       Loaded g = load(**be, dir, cfg);
       ASSERT_TRUE(g.model);
       for (int chunk : {0, 1}) {
-        const std::vector<float> got = run(*g.model, chunk, ids, images);
+        const std::vector<float> got = run_image_prompt(*g.model, cfg, chunk, px);
         EXPECT_TRUE(compare("model logits (3 prefill + 4 decode)",
                             preset + " as sm_" + std::to_string(prof.cc) + (chunk ? " chunk 1" : " whole prompt"), got,
                             ref, tol::kGpuModelLogits));
