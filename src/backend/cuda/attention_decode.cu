@@ -835,6 +835,7 @@ bool decode_attention_fusable(const TextAttentionShape& shape) {
          shape.num_q_heads / shape.num_kv_heads <= kMaxGroup;
 }
 
+namespace {
 // Whether one cluster of `size` decode blocks (head dim 128, the largest shared memory) fits the
 // device at once.
 bool decode_cluster_fits(int size) {
@@ -855,6 +856,7 @@ bool decode_cluster_fits(int size) {
   cudaGetLastError();  // a refused size is not an error here
   return fits;
 }
+}  // namespace
 
 int configure_decode_attention(bool clusters, bool non_portable) {
   static_assert(kDecodeMaxSplits <= 32, "the split merge reads one split per lane");
