@@ -470,7 +470,9 @@ void launch_stream(const LaunchContext& ctx, const SkinnyParams& p, SkinnyProlog
 // The bulk-copy ring kernel (skinny_ring.cu, sm_90+, at most 8 rows). configure_ring() lets its
 // kernels take up to `bytes` (LaunchContext::ring_smem) of dynamic shared memory.
 struct RingTuning {
-  int depth = 0;   // stages in the ring (0: as many as fit 104 KiB beside the prologue, at least 2)
+  // Stages in the ring (0: as many as fit 104 KiB beside the prologue, at least 2); at most what
+  // fits LaunchContext::ring_smem.
+  int depth = 0;
   int group = 0;   // row mode: 8 * group chunks per stage (0: 4 KB of each row)
   int blocks = 1;  // blocks per multiprocessor
   int mode = 0;  // 1: whole 16-row tiles per stage (one copy), 2: row segments (16 copies), 0: whole tiles up to 64 KB
