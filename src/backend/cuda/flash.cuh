@@ -498,11 +498,26 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   }
 }
 
-// MIN_BLOCKS: blocks per multiprocessor the registers must allow (__launch_bounds__). SPLIT:
-// blocks per cluster sharing one query tile (1: no cluster). A SPLIT > 1 kernel compiles to
-// nothing below sm_90 (the host never launches it there).
+// The blocks per multiprocessor a kernel's registers must allow, for a MIN_BLOCKS the sm_90
+// tuning asked for: that on sm_90, at most two elsewhere. Only sm_90's 228 KB of shared memory
+// hold three head-dim-128 prefill blocks (69.6 KB); sm_80's 164 KB hold two and the 100 KB of
+// sm_86 / 89 / 120 one, so a bound of three only capped their registers at 168, and that
+// prefill spilled 8-36 bytes (ptxas, sm_80 / 89 / 120). Two 128-thread blocks cap nothing.
+template <int MIN_BLOCKS>
+constexpr int flash_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 900
+  return MIN_BLOCKS > 2 ? 2 : MIN_BLOCKS;
+#else
+  return MIN_BLOCKS;
+#endif
+}
+
+// MIN_BLOCKS: blocks per multiprocessor the registers must allow on sm_90 (__launch_bounds__,
+// through flash_min_blocks). SPLIT: blocks per cluster sharing one query tile (1: no cluster). A
+// SPLIT > 1 kernel compiles to nothing below sm_90 (the host never launches it there).
 template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false>
-__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) flash_kernel(const typename P::Params prm, float scale_log2) {
+__global__ void __launch_bounds__(WARPS * 32, flash_min_blocks<MIN_BLOCKS>())
+    flash_kernel(const typename P::Params prm, float scale_log2) {
   if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
     return;
   } else {
