@@ -75,15 +75,16 @@ Status CudaBackend::init() {
   ctx_.early_launch = std::clamp(options_.decode_early_launch, -1, 1);
   // Clusters over the portable 8 blocks only on the compute capabilities that allow them.
   const int family = info_.compute_capability / 10;
-  const int decode_cluster = cuda::configure_text_attention(ctx_.clusters, family == 9 || family == 10);
+  const bool non_portable_clusters = family == 9 || family == 10;
+  const int decode_cluster = cuda::configure_text_attention(ctx_.clusters, non_portable_clusters);
   ctx_.decode_cluster = options_.decode_cluster_merge ? decode_cluster : 0;
   ctx_.decode_tma = options_.decode_attention_tma && info_.compute_capability >= 90;
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
   ctx_.prefill_wgmma_fp8_launches = &fp8_counts_.prefill_wgmma_fp8;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
-  if (options_.emulate_compute_capability != 0 || options_.emulate_smem_per_block != 0) {
+  if (info_.emulated) {  // a profile's (its options' or set_cuda_test_profile's): check every launch
     ctx_.emulated_smem = info_.max_smem_per_block;
-    ctx_.emulated_max_cluster = !ctx_.clusters ? 1 : family == 9 || family == 10 ? 16 : 8;
+    ctx_.emulated_max_cluster = !ctx_.clusters ? 1 : non_portable_clusters ? 16 : 8;
   }
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
@@ -520,15 +521,10 @@ void check_emulated_launch(const LaunchContext& ctx, const char* name, const voi
 
 using cuda::CudaBackend;
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& given) {
-  QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(given.device));
-  // Under set_cuda_test_profile, info is that profile already; the options take it too (for the
-  // launch checks) unless they name their own.
-  CudaBackendOptions options = given;
-  if (options.emulate_compute_capability == 0 && options.emulate_smem_per_block == 0 && info.emulated) {
-    options.emulate_compute_capability = info.compute_capability;
-    options.emulate_smem_per_block = info.max_smem_per_block;
-  }
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  // Under set_cuda_test_profile, info is that profile already (emulated); the options' own profile
+  // goes over it.
+  QVL_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info(options.device));
   if (info.compute_capability < 80)
     return failed_precondition("CUDA device " + std::to_string(options.device) + " (" + info.name +
                                ") has compute capability " + std::to_string(info.compute_capability / 10) + "." +

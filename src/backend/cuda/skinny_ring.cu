@@ -201,6 +201,11 @@ RingFixed ring_fixed(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, 
   f.scale_bytes = fp8 ? static_cast<int>(2 * ceil_div(f.tiles, f.grid) * ceil_div(p.K, kChunk) * sizeof(float)) : 0;
   return f;
 }
+// Two stages of row segments of 8 * group chunks of esize-byte weights, as launch_ring_kernel
+// budgets them (a row's 64 bytes of padding and 16 for its barrier and counter, generously).
+constexpr int64_t two_segment_stages(int group, int esize) {
+  return int64_t{2} * kRows * (group * kWarps * kChunk * esize + 64 + 16);
+}
 // Whether two whole-tile stages (and their barriers) fit beside f.
 bool two_whole_tiles_fit(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, const RingFixed& f) {
   const int64_t tile_bytes = static_cast<int64_t>(kRows) * p.K * (fp8 ? 1 : 2);
@@ -230,9 +235,7 @@ void launch_ring_kernel(const LaunchContext& ctx, const SkinnyParams& p, SkinnyP
     // Rows of at least 4 KB per copy (FP8: 32 chunks, BF16: 16) unless the override says otherwise.
     int group = rt.group > 0 ? rt.group : kFp8 ? 4 : 2;
     // Fewer chunks per stage where two stages of `group` would not fit.
-    while (group > 1 &&
-           L.ring_offset + 2 * kRows * (group * kWarps * kChunk * kEsize + 64 + 16) + scale_bytes > ctx.ring_smem)
-      group /= 2;
+    while (group > 1 && L.ring_offset + two_segment_stages(group, kEsize) + scale_bytes > ctx.ring_smem) group /= 2;
     L.seg_bytes = group * kWarps * kChunk * kEsize;
     L.row_stride = L.seg_bytes + 64;
   }
@@ -274,9 +277,8 @@ void allow_ring_smem(int bytes) {
 bool ring_fits(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int blocks) {
   if (ctx.ring_smem <= 0) return false;
   const RingFixed f = ring_fixed(ctx, p, fp8, pro_bytes, blocks);
-  // Two stages of the smallest row segments (group 1), as launch_ring_kernel's loop counts them.
-  const int64_t segments = int64_t{2} * kRows * (kWarps * kChunk * (fp8 ? 1 : 2) + 64 + 16);
-  return two_whole_tiles_fit(ctx, p, fp8, f) || f.ring_offset + segments + f.scale_bytes <= ctx.ring_smem;
+  return two_whole_tiles_fit(ctx, p, fp8, f) ||
+         f.ring_offset + two_segment_stages(1, fp8 ? 1 : 2) + f.scale_bytes <= ctx.ring_smem;
 }
 
 bool ring_whole_tiles(const LaunchContext& ctx, const SkinnyParams& p, bool fp8, size_t pro_bytes, int max_tile) {
