@@ -99,6 +99,7 @@ struct BenchOptions {
   bool no_cublas_gelu = false;           // A/B: CudaBackendOptions::cublas_gelu off
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
+  int vision_q_through_k = -1;           // A/B: vision attention (flash.cuh) with Q through the K stages
   bool no_vision_wgmma = false;          // A/B: CudaBackendOptions::vision_wgmma off
   bool no_prefill_wgmma = false;         // A/B: CudaBackendOptions::prefill_wgmma off
   bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
@@ -111,6 +112,7 @@ struct BenchOptions {
   std::string kv_dtype = "bf16";         // CUDA: bf16 or fp8 (the CPU backend keeps its fp32 cache)
   std::string skip_kernels;              // measurement only: launches left out
   std::string emulate_gpu;               // testing only: CudaBackendOptions::emulate_* as "sm_NN[:BYTES]"
+  bool emulate_occupancy = false;        // testing only: CudaBackendOptions::emulate_occupancy
   int decode_attention_exit = 0;         // measurement only: where the decode attention stops
   bool decode_attention_trace = false;   // measurement only: stage stamps of the decode attention
   int decode_attention_trigger = -1;     // A/B: when the decode attention lets o_proj launch (-1: default)
@@ -181,6 +183,7 @@ Status run_bench(const BenchOptions& o) {
     opts.cublas_gelu = !o.no_cublas_gelu;
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
+    opts.vision_q_through_k = o.vision_q_through_k;
     opts.vision_wgmma = !o.no_vision_wgmma;
     opts.prefill_wgmma = !o.no_prefill_wgmma;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
@@ -199,6 +202,7 @@ Status run_bench(const BenchOptions& o) {
     opts.fp8_gemm = o.fp8_gemm == "w8a8" ? CudaFp8Gemm::kW8A8 : CudaFp8Gemm::kDequant;
     opts.decode_stack_debug = o.decode_stack_debug;
     if (!o.emulate_gpu.empty()) QVL_RETURN_IF_ERROR(parse_emulate_gpu(o.emulate_gpu, opts));
+    opts.emulate_occupancy = o.emulate_occupancy;
     QVL_ASSIGN_OR_RETURN(backend, make_cuda_backend(opts));
     device = {{"name", info.name},
               {"compute_capability", info.compute_capability},
@@ -700,6 +704,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
                  "CUDA testing: choose kernels, shared memory and clusters as on this GPU, \"sm_NN[:BYTES]\" "
                  "(e.g. sm_120: an RTX 5060's 99 KB per block), every launch checked against its limits; "
                  "the device runs its own code, so the times are this device's");
+  app.add_flag("--emulate-occupancy", o->emulate_occupancy,
+               "CUDA testing, with --emulate-gpu: every launch pads its shared memory so that a multiprocessor "
+               "holds no more of its blocks than on that GPU (its multiprocessors, clocks and bandwidth stay "
+               "this device's)");
   app.add_option("--skip-kernels", o->skip_kernels,
                  "CUDA measurement only (results are wrong): leave out launches of these kernels, "
                  "\"name[@grid_x],...\" (e.g. text_decode_attention, skinny_linear@128)");
@@ -736,6 +744,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));
+  app.add_option("--vision-q-through-k", o->vision_q_through_k,
+                 "CUDA A/B: vision attention through flash.cuh with Q through its K stages (1) or in its own "
+                 "shared memory (0); default -1: the former where it fits twice the blocks per multiprocessor")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--offload-layers", o->offload_layers,
                  "Keep the last N decoder layers in pinned host memory, streamed in every step (0)");
   app.add_option("--cuda-skinny", o->skinny,

@@ -35,7 +35,8 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 // (and the warpgroup-MMA kernels off); and one with vision attention at one m-tile per warp and
 // prefill Q in its own shared memory, splitting from two key tiles on (vision_attention_mt = 1,
 // prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off), whose decode
-// attention takes its keys by cp.async where the others take TMA boxes (sm_90+).
+// attention takes its keys by cp.async where the others take TMA boxes (sm_90+). The no-cluster
+// one and one more (split as cuda()) take vision Q through the K stages (vision_q_through_k).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -58,8 +59,17 @@ class AttentionGpus {
       o.cluster_attention = false;
       o.vision_wgmma = false;
       o.prefill_wgmma = false;
+      o.vision_q_through_k = 1;
       unsplit_ = cuda_backend_with(o);
-      list_.push_back({" no-cluster", unsplit_.get()});
+      list_.push_back({" no-cluster q-through-k", unsplit_.get()});
+    }
+    {
+      CudaBackendOptions o;
+      o.vision_wgmma = false;
+      o.prefill_wgmma = false;
+      o.vision_q_through_k = 1;
+      qk_ = cuda_backend_with(o);
+      list_.push_back({kQk, qk_.get()});
     }
     CudaBackendOptions o;
     o.vision_attention_mt = 1;
@@ -77,9 +87,10 @@ class AttentionGpus {
   std::string mt2_label() const { return mma_sync_ ? kMmaSync : ""; }
   static constexpr const char* kMmaSync = " mma.sync";
   static constexpr const char* kMt1 = " mt1 no-q-alias key-tiles-1 no-tma";
+  static constexpr const char* kQk = " mma.sync q-through-k";
 
  private:
-  std::unique_ptr<Backend> mma_sync_, unsplit_, mt1_;
+  std::unique_ptr<Backend> mma_sync_, unsplit_, qk_, mt1_;
   std::vector<Gpu> list_;
 };
 
@@ -130,10 +141,11 @@ TEST(GpuOps, VisionAttention) {
       EXPECT_TRUE(compare("vision_attention",
                           "segs " + segs + " nh" + std::to_string(c.nh) + " dh" + std::to_string(c.dh) + gpu.label, got,
                           expected, tol::kGpuAttention));
-      // One or two m-tiles per warp: the same bits (a row's arithmetic does not depend on the warp).
+      // One or two m-tiles per warp, Q through the K stages or not: the same bits (a row's
+      // arithmetic does not depend on the warp or on where Q waited).
       if (gpu.label == gpus.mt2_label()) mt2 = got;
-      if (gpu.label == AttentionGpus::kMt1) {
-        EXPECT_TRUE(!mt2.empty() && got == mt2) << "segs " << segs << ": mt1 differs from mt2";
+      if (gpu.label == AttentionGpus::kMt1 || gpu.label == AttentionGpus::kQk) {
+        EXPECT_TRUE(!mt2.empty() && got == mt2) << "segs " << segs << ":" << gpu.label << " differs from mt2";
       }
     }
   }

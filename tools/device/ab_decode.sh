@@ -44,13 +44,18 @@ for spec in sys.argv[2:]:
         d = json.load(open(f))
         dec = {x['batch']: x for x in d['decode']}
         b8 = dec[8]['step_ms'] if 8 in dec else float('nan')
-        runs.append((dec[1]['step_ms'], dec[1]['fraction_of_floor'], b8, d['ttft_ms']))
+        # With --profile: the vision encoder's attention, us per call (eager, one event pair a launch).
+        att = [o['us'] / o['calls'] for p in d.get('profile', []) if p['title'].startswith('vision encoder')
+               for o in p['ops'] if 'vision_attention' in o['kernels']]
+        runs.append((dec[1]['step_ms'], dec[1]['fraction_of_floor'], b8, d['ttft_ms'], d['vision_ms'],
+                     att[0] if att else float('nan')))
     if not runs:
         print(f'{label:24s} no runs'); continue
     b1 = [r[0] for r in runs]
     print(f'{label:24s} b1 step ms {" ".join(f"{x:.4f}" for x in b1)} median {statistics.median(b1):.4f} '
           f'floor {statistics.median(r[1] for r in runs):.3f} | b8 {statistics.median(r[2] for r in runs):.4f} '
-          f'| ttft {statistics.median(r[3] for r in runs):.2f}')
+          f'| ttft {statistics.median(r[3] for r in runs):.2f} | vision {statistics.median(r[4] for r in runs):.2f} '
+          f'(attention {statistics.median(r[5] for r in runs):.1f} us a layer)')
     # With --decode-attention-trace: the first run's stage medians (us from the PDL wait), for the
     # median block and for each layer's last block, and the per-cluster merge gaps.
     tr = json.load(open(sorted(glob.glob(os.path.join(out, label + '.*.json')))[0])).get('decode_attention_trace')

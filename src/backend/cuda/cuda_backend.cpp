@@ -82,9 +82,15 @@ Status CudaBackend::init() {
   ctx_.decode_tma_launches = &fp8_counts_.decode_tma;
   ctx_.prefill_wgmma_fp8_launches = &fp8_counts_.prefill_wgmma_fp8;
   ctx_.ring_prologue_first = options_.ring_prologue_first;
+  ctx_.smem_per_sm = info_.max_smem_per_block + kReservedSmemPerBlock;
+  ctx_.vision_q_through_k = std::clamp(options_.vision_q_through_k, -1, 1);
   if (info_.emulated) {  // a profile's (its options' or set_cuda_test_profile's): check every launch
     ctx_.emulated_smem = info_.max_smem_per_block;
     ctx_.emulated_max_cluster = !ctx_.clusters ? 1 : non_portable_clusters ? 16 : 8;
+    if (options_.emulate_occupancy) {
+      ctx_.emulated_threads_per_sm = threads_per_sm(info_.compute_capability);
+      ctx_.device_smem_per_sm = device_smem_ + kReservedSmemPerBlock;
+    }
   }
   ctx_.ring_prologue_first_launches = &fp8_counts_.ring_prologue_first;
   if (options_.decode_attention_trace) {  // measurement only: not part of any memory plan
@@ -505,16 +511,30 @@ void CudaBackend::flush() {
     cuda::launch_silu_mul(ctx_, p.out, p.src);
 }
 
-void check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
-                           unsigned cluster_x) {
+size_t check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
+                             unsigned cluster_x, unsigned threads) {
   cudaFuncAttributes a{};
   const cudaError_t err = cudaFuncGetAttributes(&a, kernel);
   QVL_CHECK(err == cudaSuccess) << name << ": cudaFuncGetAttributes: " << cudaGetErrorString(err);
-  QVL_CHECK_LE(smem + a.sharedSizeBytes, static_cast<size_t>(ctx.emulated_smem))
+  const size_t total = smem + a.sharedSizeBytes;
+  QVL_CHECK_LE(total, static_cast<size_t>(ctx.emulated_smem))
       << name << ": " << smem << " B of dynamic and " << a.sharedSizeBytes
       << " B of static shared memory per block, over the emulated device's limit";
   QVL_CHECK_LE(cluster_x, static_cast<unsigned>(ctx.emulated_max_cluster))
       << name << ": a cluster of " << cluster_x << " blocks on the emulated device";
+  if (ctx.emulated_threads_per_sm <= 0) return smem;
+  // By shared memory and threads (the register file is 64K registers from sm_80 on, and the
+  // code's registers are the device's own).
+  const size_t padded = emulated_occupancy_smem(smem, a.sharedSizeBytes, static_cast<int>(threads),
+                                                ctx.emulated_smem + kReservedSmemPerBlock, ctx.emulated_threads_per_sm,
+                                                ctx.device_smem_per_sm);
+  QVL_CHECK_GE(padded, smem) << name << ": " << threads << " threads per block on the emulated device";
+  if (padded > static_cast<size_t>(a.maxDynamicSharedSizeBytes)) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(padded));
+    QVL_CHECK(e == cudaSuccess) << name << ": padding to " << padded << " B: " << cudaGetErrorString(e);
+  }
+  return padded;
 }
 
 }  // namespace cuda

@@ -136,6 +136,11 @@ struct CudaBackendOptions {
   // feeding two mmas) or 1 (8 warps). The same bits either way: a row's arithmetic does not
   // depend on which warp does it (the GPU test compares them).
   int vision_attention_mt = 2;
+  // Vision attention through flash.cuh: Q comes through the two K stages into registers instead
+  // of a region of its own (a third less shared memory, two blocks per multiprocessor on 100 KB
+  // GPUs, sm_86 / 89 / 120, where the other layout fits one). -1: where that is so; 0 off; 1 on.
+  // The same bits either way.
+  int vision_q_through_k = -1;
   // Vision attention at head dim 64 (2B, 4B) and 72 (8B: its last 8 columns in unswizzled tiles) on sm_90
   // through the warpgroup-MMA kernel (attention_vision_wgmma.cu: a TMA producer, three consumer
   // warpgroups, the softmax of one key tile beside the P·V of the previous one): 2B's vision
@@ -177,6 +182,12 @@ struct CudaBackendOptions {
   // device's own. The GPU tests run the consumer GPUs' profiles on an H100 / H200.
   int emulate_compute_capability = 0;
   int emulate_smem_per_block = 0;
+  // Testing only, with a profile: every launch asks for enough shared memory that the device holds
+  // no more of its blocks per multiprocessor than the emulated GPU would (by its shared memory
+  // and threads per multiprocessor), so that latency hiding is roughly that GPU's. The device's
+  // multiprocessor count, clocks and bandwidth stay its own: times compare between variants, not
+  // with the emulated GPU's.
+  bool emulate_occupancy = false;
   // Measurement only (qvl bench --skip-kernels, --decode-attention-exit; every result is wrong
   // while either is set): launches left out, "name[@grid_x],..."; and where the decode attention
   // kernel stops (attention_decode.cu, DecodeParams::debug_exit).
@@ -360,7 +371,9 @@ struct CudaDeviceInfo {
 // than the device has.
 inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo& info) {
   const int cc = o.emulate_compute_capability, smem = o.emulate_smem_per_block;
-  if (cc == 0 && smem == 0) return Status::ok();
+  if (cc == 0 && smem == 0)
+    return o.emulate_occupancy && !info.emulated ? invalid_argument("emulate_occupancy without an emulated profile")
+                                                 : Status::ok();
   const std::string device = info.name + " (sm_" + std::to_string(info.compute_capability) + ")";
   if (cc != 0) {
     if (cc < 80) return invalid_argument("emulated sm_" + std::to_string(cc) + ": qvl needs sm_80 or newer");
@@ -381,6 +394,33 @@ inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo
                std::to_string(info.max_smem_per_block) + " B of shared memory per block (emulated)";
   info.emulated = true;
   return Status::ok();
+}
+
+// Shared memory a multiprocessor keeps per resident block (sm_80 and newer): its capacity is
+// the opt-in limit per block plus this (H100 / H200 233,472 B, A100 167,936, sm_86 / 89 / 120
+// 102,400).
+inline constexpr int kReservedSmemPerBlock = 1024;
+
+// Threads a multiprocessor holds at compute capability cc (sm_80 and newer).
+inline int threads_per_sm(int cc) {
+  return cc == 80 || cc == 90 || cc / 10 == 10 ? 2048 : 1536;
+}
+
+// CudaBackendOptions::emulate_occupancy: the dynamic shared memory a launch of `smem` dynamic and
+// `static_smem` static bytes a block, `threads` threads, asks for on a device whose
+// multiprocessors have device_smem_per_sm bytes, so that they hold no more of its blocks than an
+// emulated one of emulated_smem_per_sm bytes and emulated_threads_per_sm threads would: a
+// 1/blocks share of the device's, less the reserve, where the device would hold more of them
+// (else `smem`). 0 where the emulated device holds no such block at all.
+inline size_t emulated_occupancy_smem(size_t smem, size_t static_smem, int threads, int emulated_smem_per_sm,
+                                      int emulated_threads_per_sm, int device_smem_per_sm) {
+  const size_t block = smem + static_smem + kReservedSmemPerBlock;
+  const size_t by_smem = static_cast<size_t>(emulated_smem_per_sm) / block;
+  const size_t by_threads = threads > 0 ? static_cast<size_t>(emulated_threads_per_sm / threads) : 0;
+  const size_t fit = by_smem < by_threads ? by_smem : by_threads;
+  if (fit == 0) return 0;
+  if (static_cast<size_t>(device_smem_per_sm) / block <= fit) return smem;  // no more of them there anyway
+  return static_cast<size_t>(device_smem_per_sm) / fit - kReservedSmemPerBlock - static_smem;
 }
 
 // Peak DRAM bandwidth in GB/s from the device's memory clock and bus width (double data rate;

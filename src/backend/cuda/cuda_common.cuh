@@ -86,7 +86,9 @@ void launch_clustered(const LaunchContext& ctx, const char* name, unsigned clust
   }
   cfg.attrs = n > 0 ? attr : nullptr;
   cfg.numAttrs = n;
-  if (ctx.emulated_smem > 0) check_emulated_launch(ctx, name, reinterpret_cast<const void*>(kernel), smem, cluster_x);
+  if (ctx.emulated_smem > 0)
+    cfg.dynamicSmemBytes = check_emulated_launch(ctx, name, reinterpret_cast<const void*>(kernel), smem, cluster_x,
+                                                 block.x * block.y * block.z);
   if (ctx.profiler) ctx.profiler->before(name);
   QVL_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name);
   if (ctx.profiler) ctx.profiler->after();

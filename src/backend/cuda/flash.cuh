@@ -80,14 +80,19 @@ constexpr size_t raw_tile_bytes() {
 // MT: 16-row m-tiles per warp (BM = 16·WARPS·MT). QA: Q has no region of its own; it is loaded
 // into the K stage the first key tile does not use and moved to registers before that stage is
 // refilled (a quarter less shared memory: a third 4-warp block per SM for head dim 128).
+// QK: Q (up to 2·BN rows) has no region either; it comes through both K stages into registers
+// before the first key tile is copied (a third less shared memory at head dim 64 and BM 128:
+// two blocks per multiprocessor where 100 KB held one; the first tile's copy no longer overlaps
+// Q's).
 // FP8 (an FP8 KV cache): one K/V stage (f16) and two raw tiles, with Q in the V stage until the
 // first tile is widened into it (flash_body), whatever QA says: 66.8 KB at head dim 128 where
 // QA's BF16 layout takes 69.6.
-template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false>
+template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false, bool QK = false>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
+  static_assert(!QK || (!QA && !FP8 && 16 * WARPS * MT <= 2 * D::BN), "QK: a BF16 Q of at most two K stages' rows");
   const size_t tiles = FP8 ? 2 * D::BN * D::SK * sizeof(bf16) + 2 * raw_tile_bytes<HD>()
-                           : static_cast<size_t>((QA ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
+                           : static_cast<size_t>((QA || QK ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
@@ -237,18 +242,19 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   cluster_barrier();  // the other ranks have read this block's partial before it exits
 }
 
-template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA>
+template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA, bool QK>
 __device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
   constexpr int BM = 16 * WARPS * MT, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
   constexpr bool kFp8 = KvIsFp8<P>::value;
   static_assert(!QA || (BM <= BN && D::HDP == HD), "Q fits a K stage and needs no padded columns");
   static_assert(!kFp8 || (BM <= BN && D::HDP == HD), "FP8: Q fits the V stage and needs no padded columns");
+  static_assert(!QK || (!QA && !kFp8 && BM <= 2 * BN), "QK: a BF16 Q fits the two K stages");
   extern __shared__ uint4 smem_raw[];
-  // BF16 cache: Q [BM][SK] (QA: set below, inside sk), K [2][BN][SK], V [2][BN][SK].
+  // BF16 cache: Q [BM][SK] (QA: set below, inside sk; QK: the K stages), K [2][BN][SK], V [2][BN][SK].
   // FP8 cache: K [BN][SK], V [BN][SK] (Q until the first tile is widened), raw tiles [2].
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sk = QA || kFp8 ? sq : sq + BM * SK;
+  bf16* sk = QA || QK || kFp8 ? sq : sq + BM * SK;
   bf16* sv = sk + (kFp8 ? 1 : 2) * BN * SK;
   uint8_t* raw = reinterpret_cast<uint8_t*>(sv + BN * SK);  // FP8 only
   if constexpr (kFp8) sq = sv;
@@ -293,7 +299,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
   // (kt - kt_begin) & 1, and tile kt + 2's follow them there.
   if (kt_begin < kt_end) {
     load_rows<HD, BM, THREADS>(sq, tile.qn, [&](int i) { return P::q_row(prm, tile, i); });
-    load_kv(kt_begin, kFp8 ? 0 : kt_begin & 1);
+    if constexpr (!QK) load_kv(kt_begin, kFp8 ? 0 : kt_begin & 1);  // QK: once Q has left the K stages
     if constexpr (kFp8) {
       cp_async_commit();
       if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
@@ -350,11 +356,19 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         load_q_fragments();
         __syncthreads();
       }
+      if (QK && kt == kt_begin) {  // Q (in both K stages) into registers, then the first key tile
+        cp_async_wait<0>();
+        __syncthreads();
+        load_q_fragments();
+        __syncthreads();
+        load_kv(kt, kt & 1);
+        cp_async_commit();
+      }
       if (kt + 1 < kt_end) load_kv(kt + 1, (kt + 1) & 1);
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
-      if (!QA && kt == kt_begin) load_q_fragments();
+      if (!QA && !QK && kt == kt_begin) load_q_fragments();
     }
     const bf16* kb = kFp8 ? sk : sk + (kt & 1) * BN * SK;
     const bf16* vb = kFp8 ? sv : sv + (kt & 1) * BN * SK;
@@ -515,13 +529,13 @@ constexpr int flash_min_blocks() {
 // MIN_BLOCKS: blocks per multiprocessor the registers must allow on sm_90 (__launch_bounds__,
 // through flash_min_blocks). SPLIT: blocks per cluster sharing one query tile (1: no cluster). A
 // SPLIT > 1 kernel compiles to nothing below sm_90 (the host never launches it there).
-template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false>
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false, bool QK = false>
 __global__ void __launch_bounds__(WARPS * 32, flash_min_blocks<MIN_BLOCKS>())
     flash_kernel(const typename P::Params prm, float scale_log2) {
   if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
     return;
   } else {
-    flash_body<HD, WARPS, P, SPLIT, MT, QA>(prm, scale_log2);
+    flash_body<HD, WARPS, P, SPLIT, MT, QA, QK>(prm, scale_log2);
   }
 }
 

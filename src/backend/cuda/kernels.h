@@ -60,10 +60,17 @@ struct SkipRule {
   unsigned grid_x = 0;
 };
 // Throws a CheckFailure naming the launch when `smem` bytes of dynamic shared memory beside the
-// kernel's static ones exceed ctx.emulated_smem, or its cluster ctx.emulated_max_cluster.
+// kernel's static ones exceed ctx.emulated_smem, or its cluster ctx.emulated_max_cluster. Returns
+// the dynamic shared memory to launch with: `smem`, or with ctx.emulated_threads_per_sm set, more,
+// so that the device holds no more of these blocks per multiprocessor than the emulated one would.
 struct LaunchContext;
-void check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
-                           unsigned cluster_x);
+size_t check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
+                             unsigned cluster_x, unsigned threads);
+
+// Blocks of `smem` bytes of shared memory that `smem_per_sm` holds (kReservedSmemPerBlock: cuda_backend.h).
+inline int blocks_by_smem(int smem_per_sm, size_t smem) {
+  return static_cast<int>(static_cast<size_t>(smem_per_sm) / (smem + kReservedSmemPerBlock));
+}
 // Parses "name[@grid_x],..." (empty: none).
 std::vector<SkipRule> parse_skip_rules(const std::string& spec);
 bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned grid_x);
@@ -71,12 +78,15 @@ bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned 
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;               // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
-  int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
-  bool vision_wgmma = false;      // vision attention at head dim 64 / 72: the sm_90a warpgroup-MMA kernel
-  bool prefill_wgmma = false;     // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
+  bool pdl = false;           // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;      // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;  // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
+  int vision_mt = 2;          // vision attention: 16-row m-tiles per warp (1 or 2)
+  int vision_q_through_k =
+      -1;                      // vision attention (flash.cuh): Q through the K stages (1), not (0), by smem_per_sm (-1)
+  int smem_per_sm = 0;         // shared memory per multiprocessor of the device, or of the emulated one
+  bool vision_wgmma = false;   // vision attention at head dim 64 / 72: the sm_90a warpgroup-MMA kernel
+  bool prefill_wgmma = false;  // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
   bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
   int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
   int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
@@ -91,6 +101,11 @@ struct LaunchContext {
   // its cluster fit them (check_emulated_launch). 0: no check.
   int emulated_smem = 0;
   int emulated_max_cluster = 0;
+  // Testing only (CudaBackendOptions::emulate_occupancy): the emulated device's threads per
+  // multiprocessor (0: launches take the shared memory they ask for), and the device's own
+  // shared memory per multiprocessor, which check_emulated_launch pads each block's to fill.
+  int emulated_threads_per_sm = 0;
+  int device_smem_per_sm = 0;
   int ring_smem = 0;          // dynamic shared memory the bulk-copy ring decode Linear may take (0: sm < 90, none)
   bool wide_fp8 = false;      // FP8 decode Linears of 16+ rows may take the wide kernel by default (sm_90, measured)
   bool fp8_glu_ring = false;  // FP8 gate_up at one row may take the ring by default (sm_9x, measured)
