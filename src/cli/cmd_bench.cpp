@@ -100,6 +100,7 @@ struct BenchOptions {
   bool no_token_prepare = false;         // A/B: text_qkv_prepare's per-8-heads kernel
   int vision_mt = 2;                     // A/B: vision attention m-tiles per warp
   int vision_q_through_k = -1;           // A/B: vision attention (flash.cuh) with Q through the K stages
+  int prefill_small_tiles = -1;          // A/B: prefill attention (flash.cuh) in key tiles of 32
   bool no_vision_wgmma = false;          // A/B: CudaBackendOptions::vision_wgmma off
   bool no_prefill_wgmma = false;         // A/B: CudaBackendOptions::prefill_wgmma off
   bool no_prefill_q_alias = false;       // A/B: prefill attention with Q in its own shared memory
@@ -184,6 +185,7 @@ Status run_bench(const BenchOptions& o) {
     opts.token_qkv_prepare = !o.no_token_prepare;
     opts.vision_attention_mt = o.vision_mt;
     opts.vision_q_through_k = o.vision_q_through_k;
+    opts.prefill_small_tiles = o.prefill_small_tiles;
     opts.vision_wgmma = !o.no_vision_wgmma;
     opts.prefill_wgmma = !o.no_prefill_wgmma;
     opts.prefill_q_alias = !o.no_prefill_q_alias;
@@ -744,6 +746,10 @@ QVL_REGISTER_COMMAND("bench", "Benchmark vision, prefill, TTFT and decode (JSON)
   app.add_option("--vision-attention-mt", o->vision_mt,
                  "CUDA A/B: vision attention 16-row m-tiles per warp, 2 (4 warps) or 1 (8 warps) (2)")
       ->check(CLI::IsMember({1, 2}));
+  app.add_option("--prefill-small-tiles", o->prefill_small_tiles,
+                 "CUDA A/B: text prefill attention through flash.cuh in key tiles of 32 (1) or 64 (0); default -1: "
+                 "32 where that fits twice the blocks per multiprocessor")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--vision-q-through-k", o->vision_q_through_k,
                  "CUDA A/B: vision attention through flash.cuh with Q through its K stages (1) or in its own "
                  "shared memory (0); default -1: the former where it fits twice the blocks per multiprocessor")

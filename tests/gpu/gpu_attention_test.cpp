@@ -36,7 +36,8 @@ std::unique_ptr<Backend> cuda_backend_with(const CudaBackendOptions& options) {
 // prefill Q in its own shared memory, splitting from two key tiles on (vision_attention_mt = 1,
 // prefill_q_alias off, prefill_key_tiles = 1, the warpgroup-MMA kernels off), whose decode
 // attention takes its keys by cp.async where the others take TMA boxes (sm_90+). The no-cluster
-// one and one more (split as cuda()) take vision Q through the K stages (vision_q_through_k).
+// one and one more (split as cuda()) take vision Q through the K stages (vision_q_through_k) and
+// prefill key tiles of 32 (prefill_small_tiles).
 struct Gpu {
   std::string label;
   Backend* be;
@@ -60,14 +61,16 @@ class AttentionGpus {
       o.vision_wgmma = false;
       o.prefill_wgmma = false;
       o.vision_q_through_k = 1;
+      o.prefill_small_tiles = 1;
       unsplit_ = cuda_backend_with(o);
-      list_.push_back({" no-cluster q-through-k", unsplit_.get()});
+      list_.push_back({" no-cluster q-through-k small-tiles", unsplit_.get()});
     }
     {
       CudaBackendOptions o;
       o.vision_wgmma = false;
       o.prefill_wgmma = false;
       o.vision_q_through_k = 1;
+      o.prefill_small_tiles = 1;
       qk_ = cuda_backend_with(o);
       list_.push_back({kQk, qk_.get()});
     }
@@ -87,7 +90,7 @@ class AttentionGpus {
   std::string mt2_label() const { return mma_sync_ ? kMmaSync : ""; }
   static constexpr const char* kMmaSync = " mma.sync";
   static constexpr const char* kMt1 = " mt1 no-q-alias key-tiles-1 no-tma";
-  static constexpr const char* kQk = " mma.sync q-through-k";
+  static constexpr const char* kQk = " mma.sync q-through-k small-tiles";
 
  private:
   std::unique_ptr<Backend> mma_sync_, unsplit_, qk_, mt1_;
@@ -424,7 +427,9 @@ TEST(GpuOps, TextPrefillAttentionSplit) {
   const DType f8 = DType::kF8E4M3;
   for (int ctx : {1, 63, 64, 65, 300, 900})
     run_text_attention("text_attention prefill", {{ctx, ctx}}, 16, 8, 128, DType::kBF16, &gpus);
-  const std::vector<std::pair<int, int>> edges = {{1, 1}, {63, 63}, {64, 64}, {65, 65}, {300, 300}, {900, 900}};
+  // (32 and 33: the edges of the small tiles' 32-key tiles.)
+  const std::vector<std::pair<int, int>> edges = {{1, 1},   {32, 32}, {33, 33},   {63, 63},
+                                                  {64, 64}, {65, 65}, {300, 300}, {900, 900}};
   run_text_attention("text_attention prefill", edges, 16, 8, 128, DType::kBF16, &gpus);
   run_text_attention("text_attention prefill", edges, 16, 8, 128, f8, &gpus);
   run_text_attention("text_attention prefill", {{300, 300}, {900, 900}}, 32, 8, 128, DType::kBF16, &gpus);

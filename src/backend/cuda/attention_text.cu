@@ -374,15 +374,29 @@ int prefill_split(const LaunchContext& ctx, int max_context) {
 }
 
 // QA (LaunchContext::prefill_q_alias): Q shares a K stage (flash.cuh), 3 blocks per SM instead
-// of the 2 that shared memory allowed.
-template <int HD, bool kFp8Kv, int SPLIT, bool QA>
+// of the 2 that shared memory allowed. SMALL (LaunchContext::prefill_small_tiles): key tiles of 32,
+// with Q through the two K stages (a BF16 cache) or in the K/V stage (FP8): 34.8 / 33.8 KB at head
+// dim 128 where QA's 64-key layout takes 69.6 / 66.8, so that a 100 KB multiprocessor (sm_86 / 89 /
+// 120) holds two blocks of 4 warps, not one.
+template <int HD, bool kFp8Kv, int SPLIT, bool QA, bool SMALL>
 constexpr auto prefill_kernel() {
-  return flash::flash_kernel < HD, kPrefillWarps, Bound<HD, Paged<kFp8Kv>>, QA ? 3 : 1, SPLIT, 1, QA > ;
+  using Policy = Bound<HD, Paged<kFp8Kv>>;
+  if constexpr (SMALL)
+    return flash::flash_kernel<HD, kPrefillWarps, Policy, 2, SPLIT, 1, false, !kFp8Kv, 32>;
+  else
+    return flash::flash_kernel < HD, kPrefillWarps, Policy, QA ? 3 : 1, SPLIT, 1, QA > ;
+}
+template <int HD, bool kFp8Kv, bool QA, bool SMALL>
+constexpr size_t prefill_smem() {
+  if constexpr (SMALL)
+    return flash::smem_bytes<HD, kPrefillWarps, 1, false, kFp8Kv, !kFp8Kv, 32>();
+  else
+    return flash::smem_bytes<HD, kPrefillWarps, 1, QA, kFp8Kv>();
 }
 
-template <int HD, bool kFp8Kv, bool QA>
+template <int HD, bool kFp8Kv, bool QA, bool SMALL>
 void run_prefill_qa(const LaunchContext& ctx, PagedParams prm, int num_tokens, int split, float scale) {
-  constexpr size_t smem = flash::smem_bytes<HD, kPrefillWarps, 1, QA, kFp8Kv>();
+  constexpr size_t smem = prefill_smem<HD, kFp8Kv, QA, SMALL>();
   // One query tile per 64 rows of each sequence: at most num_tokens / 64 + one partial tile per
   // sequence (blocks past the last tile return).
   const unsigned tiles = ceil_div(num_tokens, 16 * kPrefillWarps) + static_cast<unsigned>(prm.num_seqs);
@@ -391,38 +405,47 @@ void run_prefill_qa(const LaunchContext& ctx, PagedParams prm, int num_tokens, i
   const float scale_log2 = scale * 1.4426950408889634f;
   const char* name = "text_prefill_attention";
   if (split == 4)
-    launch_clustered(ctx, name, 4, prefill_kernel<HD, kFp8Kv, 4, QA>(), dim3(tiles * 4, prm.hq), block, smem, prm,
-                     scale_log2);
+    launch_clustered(ctx, name, 4, prefill_kernel<HD, kFp8Kv, 4, QA, SMALL>(), dim3(tiles * 4, prm.hq), block, smem,
+                     prm, scale_log2);
   else if (split == 2)
-    launch_clustered(ctx, name, 2, prefill_kernel<HD, kFp8Kv, 2, QA>(), dim3(tiles * 2, prm.hq), block, smem, prm,
-                     scale_log2);
+    launch_clustered(ctx, name, 2, prefill_kernel<HD, kFp8Kv, 2, QA, SMALL>(), dim3(tiles * 2, prm.hq), block, smem,
+                     prm, scale_log2);
   else
-    launch(ctx, name, prefill_kernel<HD, kFp8Kv, 1, QA>(), dim3(tiles, prm.hq), block, smem, prm, scale_log2);
+    launch(ctx, name, prefill_kernel<HD, kFp8Kv, 1, QA, SMALL>(), dim3(tiles, prm.hq), block, smem, prm, scale_log2);
 }
 
 template <int HD, bool kFp8Kv>
 void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_tokens, int split, float scale) {
-  if (ctx.prefill_q_alias)
-    run_prefill_qa<HD, kFp8Kv, true>(ctx, prm, num_tokens, split, scale);
+  // By default the small tiles where a multiprocessor holds one block of the 64-key layout (Q in
+  // a K stage) but two of theirs.
+  const bool small =
+      ctx.prefill_small_tiles > 0 ||
+      (ctx.prefill_small_tiles < 0 && blocks_by_smem(ctx.smem_per_sm, prefill_smem<HD, kFp8Kv, true, false>()) < 2 &&
+       blocks_by_smem(ctx.smem_per_sm, prefill_smem<HD, kFp8Kv, false, true>()) >= 2);
+  if (small)
+    run_prefill_qa<HD, kFp8Kv, false, true>(ctx, prm, num_tokens, split, scale);
+  else if (ctx.prefill_q_alias)
+    run_prefill_qa<HD, kFp8Kv, true, false>(ctx, prm, num_tokens, split, scale);
   else
-    run_prefill_qa<HD, kFp8Kv, false>(ctx, prm, num_tokens, split, scale);
+    run_prefill_qa<HD, kFp8Kv, false, false>(ctx, prm, num_tokens, split, scale);
 }
 
-template <int HD, bool kFp8Kv, bool QA>
+template <int HD, bool kFp8Kv, bool QA, bool SMALL>
 void configure_prefill_qa() {
-  constexpr int smem = static_cast<int>(flash::smem_bytes<HD, kPrefillWarps, 1, QA, kFp8Kv>());
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 2, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QVL_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 4, QA>(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  constexpr int smem = static_cast<int>(prefill_smem<HD, kFp8Kv, QA, SMALL>());
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 1, QA, SMALL>(),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 2, QA, SMALL>(),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QVL_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<HD, kFp8Kv, 4, QA, SMALL>(),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 template <int HD, bool kFp8Kv>
 void configure_prefill() {
-  configure_prefill_qa<HD, kFp8Kv, false>();
-  configure_prefill_qa<HD, kFp8Kv, true>();
+  configure_prefill_qa<HD, kFp8Kv, false, false>();
+  configure_prefill_qa<HD, kFp8Kv, true, false>();
+  configure_prefill_qa<HD, kFp8Kv, false, true>();
 }
 
 }  // namespace

@@ -84,6 +84,7 @@ Status CudaBackend::init() {
   ctx_.ring_prologue_first = options_.ring_prologue_first;
   ctx_.smem_per_sm = info_.max_smem_per_block + kReservedSmemPerBlock;
   ctx_.vision_q_through_k = std::clamp(options_.vision_q_through_k, -1, 1);
+  ctx_.prefill_small_tiles = std::clamp(options_.prefill_small_tiles, -1, 1);
   if (info_.emulated) {  // a profile's (its options' or set_cuda_test_profile's): check every launch
     ctx_.emulated_smem = info_.max_smem_per_block;
     ctx_.emulated_max_cluster = !ctx_.clusters ? 1 : non_portable_clusters ? 16 : 8;

@@ -154,6 +154,11 @@ struct CudaBackendOptions {
   // Text prefill attention keeps Q in the K stage the first key tile does not use (a quarter
   // less shared memory: 3 blocks per SM instead of 2 at head dim 128). Same bits either way.
   bool prefill_q_alias = true;
+  // Text prefill attention through flash.cuh in key tiles of 32, Q through the K stages (a BF16
+  // cache) or in the K/V stage (FP8): half the shared memory, two blocks per multiprocessor on 100
+  // KB GPUs (sm_86 / 89 / 120) where 64-key tiles fit one. -1: where that is so; 0 off; 1 on. The
+  // same arithmetic in another order of keys per tile: not the same bits.
+  int prefill_small_tiles = -1;
   // Text prefill attention: a query tile's keys are split over a cluster of 2 or 4 blocks
   // (sm_90+) once they span more than this many 64-key tiles (twice as many: 4 blocks).
   int prefill_key_tiles = 8;

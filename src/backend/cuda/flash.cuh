@@ -54,7 +54,7 @@ struct Dims {
   static constexpr int HDP = (HD + 15) / 16 * 16;                           // Q·Kᵀ contraction, zero-padded
   static constexpr int SK = ((HDP + 8) / 8 % 2 == 1) ? HDP + 8 : HDP + 16;  // odd count of 16 B
   static constexpr int CPR = HD / 8;                                        // 16-byte chunks per row that hold data
-  static constexpr int BN = 64;
+  static constexpr int BN = 64;        // keys per tile by default (a kernel's BN template argument)
   static constexpr int KS = HDP / 16;  // k-steps of Q·Kᵀ
   static constexpr int NO = HD / 8;    // output n-tiles
 };
@@ -72,9 +72,9 @@ constexpr size_t partial_bytes() {
 }
 
 // An FP8 key tile as the cache holds it: K rows [BN][HD] bytes, then V rows [BN][HD] bytes.
-template <int HD>
+template <int HD, int BN = Dims<HD>::BN>
 constexpr size_t raw_tile_bytes() {
-  return static_cast<size_t>(2 * Dims<HD>::BN * HD);
+  return static_cast<size_t>(2 * BN * HD);
 }
 
 // MT: 16-row m-tiles per warp (BM = 16·WARPS·MT). QA: Q has no region of its own; it is loaded
@@ -84,15 +84,16 @@ constexpr size_t raw_tile_bytes() {
 // before the first key tile is copied (a third less shared memory at head dim 64 and BM 128:
 // two blocks per multiprocessor where 100 KB held one; the first tile's copy no longer overlaps
 // Q's).
-// FP8 (an FP8 KV cache): one K/V stage (f16) and two raw tiles, with Q in the V stage until the
-// first tile is widened into it (flash_body), whatever QA says: 66.8 KB at head dim 128 where
-// QA's BF16 layout takes 69.6.
-template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false, bool QK = false>
+// FP8 (an FP8 KV cache): one K/V stage (f16) and two raw tiles, with Q in the V stage (in the K
+// and V stages where BM > BN) until the first tile is widened into it (flash_body), whatever QA
+// says: 66.8 KB at head dim 128 where QA's BF16 layout takes 69.6.
+// BN: keys per tile, 64 or 32 (32: half the stages, for 100 KB GPUs; flash_body).
+template <int HD, int WARPS, int MT = 1, bool QA = false, bool FP8 = false, bool QK = false, int BN = Dims<HD>::BN>
 constexpr size_t smem_bytes() {
   using D = Dims<HD>;
-  static_assert(!QK || (!QA && !FP8 && 16 * WARPS * MT <= 2 * D::BN), "QK: a BF16 Q of at most two K stages' rows");
-  const size_t tiles = FP8 ? 2 * D::BN * D::SK * sizeof(bf16) + 2 * raw_tile_bytes<HD>()
-                           : static_cast<size_t>((QA || QK ? 0 : 16 * WARPS * MT) + 4 * D::BN) * D::SK * sizeof(bf16);
+  static_assert(!QK || (!QA && !FP8 && 16 * WARPS * MT <= 2 * BN), "QK: a BF16 Q of at most two K stages' rows");
+  const size_t tiles = FP8 ? 2 * BN * D::SK * sizeof(bf16) + 2 * raw_tile_bytes<HD, BN>()
+                           : static_cast<size_t>((QA || QK ? 0 : 16 * WARPS * MT) + 4 * BN) * D::SK * sizeof(bf16);
   return tiles > partial_bytes<HD, WARPS, MT>() ? tiles : partial_bytes<HD, WARPS, MT>();
 }
 
@@ -129,9 +130,9 @@ __device__ __forceinline__ void load_kv_rows(bf16* dk, bf16* dv, int valid, int6
 // thread widens exactly the 16-byte columns it copied (the same loop over the same THREADS), so a
 // raw tile needs no barrier between its copies landing and their widening. Rows >= valid are
 // zero-filled, and widen to zeros.
-template <int HD, int THREADS, class RowFn>
+template <int HD, int BN, int THREADS, class RowFn>
 __device__ __forceinline__ void copy_kv_rows_fp8(uint8_t* raw, int valid, int64_t delta, RowFn row) {
-  constexpr int BN = Dims<HD>::BN, CPR = HD / 16;
+  constexpr int CPR = HD / 16;
   for (int c = threadIdx.x; c < BN * CPR; c += THREADS) {
     const int r = c / CPR, col = c % CPR;
     const bool ok = r < valid;
@@ -144,10 +145,10 @@ __device__ __forceinline__ void copy_kv_rows_fp8(uint8_t* raw, int valid, int64_
 // flash_body reads an FP8 cache in f16).
 // A column's 32 bytes go out as two 16-byte stores; columns 4..7 of a row store their upper half
 // first, so the 8 threads of a store phase (one row at head dim 128) fill distinct banks.
-template <int HD, int THREADS>
+template <int HD, int BN, int THREADS>
 __device__ __forceinline__ void widen_kv_rows(bf16* dk, bf16* dv, const uint8_t* raw) {
   using D = Dims<HD>;
-  constexpr int BN = D::BN, CPR = HD / 16;
+  constexpr int CPR = HD / 16;
   for (int c = threadIdx.x; c < BN * CPR; c += THREADS) {
     const int r = c / CPR, col = c % CPR, h = (col >> 2) & 1;
 #pragma unroll
@@ -242,22 +243,26 @@ __device__ __forceinline__ void merge_split(const typename P::Params& prm, const
   cluster_barrier();  // the other ranks have read this block's partial before it exits
 }
 
-template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA, bool QK>
+// BN: keys per tile, 64 or 32. S of a tile is NT = BN / 8 n-tiles of 8 keys, P·V KK = BN / 16
+// k-steps.
+template <int HD, int WARPS, class P, int SPLIT, int MT, bool QA, bool QK, int BN>
 __device__ __forceinline__ void flash_body(const typename P::Params& prm, float scale_log2) {
   using D = Dims<HD>;
-  constexpr int BM = 16 * WARPS * MT, BN = D::BN, SK = D::SK, THREADS = WARPS * 32;
+  constexpr int BM = 16 * WARPS * MT, SK = D::SK, THREADS = WARPS * 32, NT = BN / 8, KK = BN / 16;
   constexpr bool kFp8 = KvIsFp8<P>::value;
+  static_assert(BN == 64 || BN == 32, "key tiles of 64 or 32");
   static_assert(!QA || (BM <= BN && D::HDP == HD), "Q fits a K stage and needs no padded columns");
-  static_assert(!kFp8 || (BM <= BN && D::HDP == HD), "FP8: Q fits the V stage and needs no padded columns");
+  static_assert(!kFp8 || (BM <= 2 * BN && D::HDP == HD), "FP8: Q fits the K/V stage and needs no padded columns");
   static_assert(!QK || (!QA && !kFp8 && BM <= 2 * BN), "QK: a BF16 Q fits the two K stages");
   extern __shared__ uint4 smem_raw[];
   // BF16 cache: Q [BM][SK] (QA: set below, inside sk; QK: the K stages), K [2][BN][SK], V [2][BN][SK].
-  // FP8 cache: K [BN][SK], V [BN][SK] (Q until the first tile is widened), raw tiles [2].
+  // FP8 cache: K [BN][SK], V [BN][SK] (Q in V, or in K and V where BM > BN, until the first tile is
+  // widened), raw tiles [2].
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);
   bf16* sk = QA || QK || kFp8 ? sq : sq + BM * SK;
   bf16* sv = sk + (kFp8 ? 1 : 2) * BN * SK;
   uint8_t* raw = reinterpret_cast<uint8_t*>(sv + BN * SK);  // FP8 only
-  if constexpr (kFp8) sq = sv;
+  if constexpr (kFp8 && BM <= BN) sq = sv;
 
   grid_dep_wait();
   grid_dep_launch();
@@ -291,7 +296,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     const int valid = min(BN, tile.kn - base);
     auto row = [&](int j) { return P::k_row(prm, tile, base + j); };
     if constexpr (kFp8)
-      copy_kv_rows_fp8<HD, THREADS>(raw + stage * raw_tile_bytes<HD>(), valid, kv_delta, row);
+      copy_kv_rows_fp8<HD, BN, THREADS>(raw + stage * raw_tile_bytes<HD, BN>(), valid, kv_delta, row);
     else
       load_kv_rows<HD, BN, THREADS>(sk + stage * BN * SK, sv + stage * BN * SK, valid, kv_delta, row);
   };
@@ -345,7 +350,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         load_q_fragments();
         __syncthreads();  // Q is in registers before its stage is overwritten
       }
-      widen_kv_rows<HD, THREADS>(sk, sv, raw + stage * raw_tile_bytes<HD>());
+      widen_kv_rows<HD, BN, THREADS>(sk, sv, raw + stage * raw_tile_bytes<HD, BN>());
       __syncthreads();  // the tile is in the K/V stage, and its raw bytes are read
       if (kt + 2 < kt_end) load_kv(kt + 2, stage);
       cp_async_commit();
@@ -373,18 +378,18 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     const bf16* kb = kFp8 ? sk : sk + (kt & 1) * BN * SK;
     const bf16* vb = kFp8 ? sv : sv + (kt & 1) * BN * SK;
 
-    // S = Q·Kᵀ for 64 keys: 8 n-tiles of 8 keys.
-    float s[MT][8][4];
+    // S = Q·Kᵀ for BN keys: NT n-tiles of 8 keys.
+    float s[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < D::KS; ++ks) {
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
+      for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
         // matrices: (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15)
         const int mi = lane >> 3;
@@ -402,13 +407,13 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
     // one FFMA and one EX2. Only a tile that reaches past the keys or past this warp's first
     // row's causal limit needs the mask.
     const bool masked = (kt + 1) * BN > tile.kn || (kt + 1) * BN - 1 > warp_row0 + tile.causal_offset;
-    uint32_t pf[MT][4][4];  // P as A fragments: k-step kk = n-tiles 2kk, 2kk+1
+    uint32_t pf[MT][KK][4];  // P as A fragments: k-step kk = n-tiles 2kk, 2kk+1
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mx[2] = {-INFINITY, -INFINITY};
       if (masked) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < NT; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = kt * BN + n * 8 + 2 * t + (e & 1);
@@ -420,7 +425,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         }
       } else {
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
       }
@@ -445,7 +450,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
         o[mt][n][3] *= alpha[1];
       }
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < NT; ++n) {
         float p[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -459,7 +464,7 @@ __device__ __forceinline__ void flash_body(const typename P::Params& prm, float 
 
     // O += P·V: k-steps over 16 keys, n-tiles over 8 output dims.
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < KK; ++kk) {
       const int mi = lane >> 3;
 #pragma unroll
       for (int n = 0; n + 1 < D::NO; n += 2) {
@@ -529,13 +534,14 @@ constexpr int flash_min_blocks() {
 // MIN_BLOCKS: blocks per multiprocessor the registers must allow on sm_90 (__launch_bounds__,
 // through flash_min_blocks). SPLIT: blocks per cluster sharing one query tile (1: no cluster). A
 // SPLIT > 1 kernel compiles to nothing below sm_90 (the host never launches it there).
-template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false, bool QK = false>
+template <int HD, int WARPS, class P, int MIN_BLOCKS = 1, int SPLIT = 1, int MT = 1, bool QA = false, bool QK = false,
+          int BN = Dims<HD>::BN>
 __global__ void __launch_bounds__(WARPS * 32, flash_min_blocks<MIN_BLOCKS>())
     flash_kernel(const typename P::Params prm, float scale_log2) {
   if constexpr (SPLIT > 1 && !kDeviceHasClusters) {
     return;
   } else {
-    flash_body<HD, WARPS, P, SPLIT, MT, QA, QK>(prm, scale_log2);
+    flash_body<HD, WARPS, P, SPLIT, MT, QA, QK, BN>(prm, scale_log2);
   }
 }
 

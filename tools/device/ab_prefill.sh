@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU machine: A/B of qvl bench settings on the time to first token, the settings run in turn
+# ROUNDS times, with the eager profile (--profile) for the attentions' per-layer times:
+#   bash tools/device/ab_prefill.sh ROUNDS "LABEL|MODEL|PROMPT TOKENS|BENCH ARGS" ...
+# MODEL: 2b, 2b-fp8, 4b, 4b-fp8, 8b, 8b-fp8 (generated once into /tmp/qvl_models). Every run is
+# `qvl bench --image-size 1024x768 --prompt-tokens N --gen-tokens 4 --batch 1 --repeat 1 --profile`
+# plus the args (e.g. --kv-dtype fp8 --emulate-gpu sm_120 --emulate-occupancy); the JSON of each
+# run is kept in $OUT/abp/LABEL.ROUND.json. One line per setting: medians of TTFT, vision, and the
+# vision and prefill attentions' microseconds per layer (from the TTFT profile).
+set -u
+cd "$(dirname "$0")/../.."
+source build-dev/env.sh
+out=${OUT:-/tmp/qvl_out}/abp
+mkdir -p "$out" /tmp/qvl_models
+rounds=$1
+shift
+for spec in "$@"; do
+  IFS='|' read -r _ m _ <<<"$spec"
+  args="--preset ${m%-fp8}"
+  [[ $m == *-fp8 ]] && args+=" --fp8"
+  # shellcheck disable=SC2086
+  [ -d "/tmp/qvl_models/$m" ] || build-dev/qvl gen-model $args --seed 1 --out "/tmp/qvl_models/$m" >/dev/null 2>&1
+done
+for r in $(seq 1 "$rounds"); do
+  for spec in "$@"; do
+    IFS='|' read -r label m p args <<<"$spec"
+    # shellcheck disable=SC2086
+    timeout 300 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens "$p" \
+      --gen-tokens 4 --batch 1 --repeat 1 --profile $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
+      { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
+  done
+done
+python3 - "$out" "$@" <<'PY'
+import json, statistics, sys, glob, os
+out = sys.argv[1]
+def per_layer(d, name):
+    for p in d.get('profile', []):
+        if p['title'].startswith('TTFT'):
+            for o in p['ops']:
+                if name in o['kernels']:
+                    return o['us'] / o['calls']
+    return float('nan')
+for spec in sys.argv[2:]:
+    label = spec.split('|')[0]
+    runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, label + '.*.json')))]
+    if not runs:
+        print(f'{label:28s} no runs'); continue
+    med = lambda xs: statistics.median(xs)
+    print(f'{label:28s} ttft {" ".join("%.2f" % d["ttft_ms"] for d in runs)} median {med([d["ttft_ms"] for d in runs]):.2f} '
+          f'| vision {med([d["vision_ms"] for d in runs]):.2f} | us a layer: vision attention '
+          f'{med([per_layer(d, "vision_attention") for d in runs]):.1f}, prefill attention '
+          f'{med([per_layer(d, "text_prefill_attention") for d in runs]):.1f}')
+PY
