@@ -375,9 +375,9 @@ int prefill_split(const LaunchContext& ctx, int max_context) {
 
 // QA (LaunchContext::prefill_q_alias): Q shares a K stage (flash.cuh), 3 blocks per SM instead
 // of the 2 that shared memory allowed. SMALL (LaunchContext::prefill_small_tiles): key tiles of 32,
-// with Q through the two K stages (a BF16 cache) or in the K/V stage (FP8): 34.8 / 33.8 KB at head
-// dim 128 where QA's 64-key layout takes 69.6 / 66.8, so that a 100 KB multiprocessor (sm_86 / 89 /
-// 120) holds two blocks of 4 warps, not one.
+// with Q through the two K stages (a BF16 cache) or in the K/V stage (FP8): 35.3 KB at head dim
+// 128 (the cluster split's partial; the tiles take 34.8 / 33.8) where QA's 64-key layout takes
+// 69.6 / 66.8, so that a 100 KB multiprocessor (sm_86 / 89 / 120) holds two blocks of 4 warps, not one.
 template <int HD, bool kFp8Kv, int SPLIT, bool QA, bool SMALL>
 constexpr auto prefill_kernel() {
   using Policy = Bound<HD, Paged<kFp8Kv>>;

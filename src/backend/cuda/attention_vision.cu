@@ -59,8 +59,8 @@ struct SegmentPolicy {
   }
 };
 
-// QK: Q through the two K stages (flash.cuh), a third less shared memory: 36.9 KB where 55.3 were
-// at head dim 64, 45.1 where 67.6 were at 72.
+// QK: Q through the two K stages (flash.cuh), a third less shared memory: 37.9 KB (the cluster
+// split's partial; the tiles take 36.9) where 55.3 were at head dim 64, 45.1 where 67.6 were at 72.
 template <int HD, int SPLIT, int MT, bool QK>
 constexpr auto kernel() {
   return flash::flash_kernel<HD, kVisionWarps<MT>, SegmentPolicy<HD>, 2, SPLIT, MT, false, QK>;
