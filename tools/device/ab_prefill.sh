@@ -4,9 +4,10 @@
 #   bash tools/device/ab_prefill.sh ROUNDS "LABEL|MODEL|PROMPT TOKENS|BENCH ARGS" ...
 # MODEL: 2b, 2b-fp8, 4b, 4b-fp8, 8b, 8b-fp8 (generated once into /tmp/qvl_models). Every run is
 # `qvl bench --image-size 1024x768 --prompt-tokens N --gen-tokens 4 --batch 1 --repeat 1 --profile`
-# plus the args (e.g. --kv-dtype fp8 --emulate-gpu sm_120 --emulate-occupancy); the JSON of each
-# run is kept in $OUT/abp/LABEL.ROUND.json. One line per setting: medians of TTFT, vision, and the
-# vision and prefill attentions' microseconds per layer (from the TTFT profile).
+# (IMAGE= in the environment replaces 1024x768) plus the args (e.g. --kv-dtype fp8 --emulate-gpu
+# sm_120 --emulate-occupancy); the JSON of each run is kept in $OUT/abp/LABEL.ROUND.json. One
+# line per setting: medians of TTFT, vision, and the vision and prefill attentions' microseconds
+# per layer (from the TTFT profile).
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
@@ -25,7 +26,7 @@ for r in $(seq 1 "$rounds"); do
   for spec in "$@"; do
     IFS='|' read -r label m p args <<<"$spec"
     # shellcheck disable=SC2086
-    timeout 300 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens "$p" \
+    timeout 300 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size "${IMAGE:-1024x768}" --prompt-tokens "$p" \
       --gen-tokens 4 --batch 1 --repeat 1 --profile $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
       { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
   done
