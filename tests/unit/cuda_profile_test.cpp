@@ -117,8 +117,8 @@ TEST(CudaProfile, EmulateGpuFlag) {
 // (sm_120: 102,400 B, 1,536 threads). Each case's padded block must leave the H200 holding the
 // number of blocks the 5060 would, counted here from the two capacities.
 TEST(CudaProfile, EmulatedOccupancyPadsToTheEmulatedBlocks) {
-  const int h200 = 232448 + kReservedSmemPerBlock, rtx = 101376 + kReservedSmemPerBlock;
-  EXPECT_EQ(h200, 233472);
+  const int h200_sm = 232448 + kReservedSmemPerBlock, rtx = 101376 + kReservedSmemPerBlock;
+  EXPECT_EQ(h200_sm, 233472);
   EXPECT_EQ(rtx, 102400);
   EXPECT_EQ(threads_per_sm(120), 1536);
   EXPECT_EQ(threads_per_sm(89), 1536);
@@ -130,18 +130,29 @@ TEST(CudaProfile, EmulatedOccupancyPadsToTheEmulatedBlocks) {
     size_t blocks;  // on the 5060: min(102400 / (smem + static + 1024), 1536 / threads)
   };
   // The vision flash block at head dim 64 with Q in its own region (55,296 B) and through the K
-  // stages (36,864); a block limited by threads (1024 of them); a small block limited by threads
-  // (1536 / 128 = 12 < 102400 / 2048 = 50); static shared memory counted with the dynamic.
-  for (const Case& c : {Case{55296, 0, 128, 1}, Case{36864, 0, 128, 2}, Case{0, 0, 1024, 1}, Case{1024, 0, 128, 12},
+  // stages (37,888: the cluster split's partial); a block limited by threads (1024 of them); a
+  // small block limited by threads (1536 / 128 = 12 < 102400 / 2048 = 50); static shared memory
+  // counted with the dynamic.
+  for (const Case& c : {Case{55296, 0, 128, 1}, Case{37888, 0, 128, 2}, Case{0, 0, 1024, 1}, Case{1024, 0, 128, 12},
                         Case{30000, 9500, 256, 2}}) {
-    const size_t padded = emulated_occupancy_smem(c.smem, c.static_smem, c.threads, rtx, threads_per_sm(120), h200);
+    const size_t padded = emulated_occupancy_smem(c.smem, c.static_smem, c.threads, rtx, threads_per_sm(120), h200_sm);
     EXPECT_GE(padded, c.smem);
-    EXPECT_EQ(static_cast<size_t>(h200) / (padded + c.static_smem + kReservedSmemPerBlock), c.blocks)
+    EXPECT_EQ(static_cast<size_t>(h200_sm) / (padded + c.static_smem + kReservedSmemPerBlock), c.blocks)
         << c.smem << " B, " << c.threads << " threads";
   }
   // A block the device holds no more of anyway keeps its size; one the emulated device cannot hold: 0.
-  EXPECT_EQ(emulated_occupancy_smem(200000, 0, 128, h200, 2048, h200), 200000u);
-  EXPECT_EQ(emulated_occupancy_smem(120000, 0, 128, rtx, 1536, h200), 0u);
+  EXPECT_EQ(emulated_occupancy_smem(200000, 0, 128, h200_sm, 2048, h200_sm), 200000u);
+  EXPECT_EQ(emulated_occupancy_smem(120000, 0, 128, rtx, 1536, h200_sm), 0u);
+  // The padding needs a profile to pad to.
+  CudaBackendOptions o;
+  o.emulate_occupancy = true;
+  CudaDeviceInfo d = h200();
+  const Status s = apply_emulated_profile(o, d);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("emulate_occupancy"), std::string::npos) << s.to_string();
+  o.emulate_compute_capability = 120;
+  o.emulate_smem_per_block = 101376;
+  EXPECT_TRUE(apply_emulated_profile(o, d).is_ok());
 }
 
 }  // namespace

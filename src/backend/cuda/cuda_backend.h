@@ -377,8 +377,10 @@ struct CudaDeviceInfo {
 inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo& info) {
   const int cc = o.emulate_compute_capability, smem = o.emulate_smem_per_block;
   if (cc == 0 && smem == 0)
-    return o.emulate_occupancy && !info.emulated ? invalid_argument("emulate_occupancy without an emulated profile")
-                                                 : Status::ok();
+    return o.emulate_occupancy && !info.emulated
+               ? invalid_argument(
+                     "emulate_occupancy (qvl bench --emulate-occupancy) needs an emulated GPU (--emulate-gpu)")
+               : Status::ok();
   const std::string device = info.name + " (sm_" + std::to_string(info.compute_capability) + ")";
   if (cc != 0) {
     if (cc < 80) return invalid_argument("emulated sm_" + std::to_string(cc) + ": qvl needs sm_80 or newer");

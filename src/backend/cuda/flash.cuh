@@ -4,7 +4,8 @@
 //
 // A block owns BM = 16·WARPS·MT query rows of one head; warp w owns rows [16·MT·w, 16·MT·(w+1))
 // as MT m-tiles of 16 (MT = 2 reuses every K/V fragment for two mmas). Key
-// tiles of 64 rows stream through a two-stage cp.async ring in shared memory (an FP8 cache: raw
+// tiles of BN = 64 rows (32: the prefill's layout for 100 KB GPUs) stream through a two-stage
+// cp.async ring in shared memory (an FP8 cache: raw
 // tiles two ahead, each widened into one stage in its turn, to f16, with Q converted to f16 and P
 // rounded to f16); S = Q·Kᵀ stays
 // in registers, the softmax is online (running max m and sum l per row, in the log2 domain),

@@ -78,25 +78,28 @@ bool skip_launch(const std::vector<SkipRule>& rules, const char* name, unsigned 
 // Launch settings shared by every kernel launch of one backend.
 struct LaunchContext {
   cudaStream_t stream = nullptr;
-  bool pdl = false;           // programmatic dependent launch (sm_90+ and enabled)
-  bool clusters = false;      // thread-block clusters for the attention key split (sm_90+ and enabled)
-  bool token_prepare = true;  // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
-  int vision_mt = 2;          // vision attention: 16-row m-tiles per warp (1 or 2)
-  int vision_q_through_k =
-      -1;                      // vision attention (flash.cuh): Q through the K stages (1), not (0), by smem_per_sm (-1)
-  int smem_per_sm = 0;         // shared memory per multiprocessor of the device, or of the emulated one
-  bool vision_wgmma = false;   // vision attention at head dim 64 / 72: the sm_90a warpgroup-MMA kernel
-  bool prefill_wgmma = false;  // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
-  bool prefill_q_alias = true;   // text prefill attention: Q in a K stage, 3 blocks per SM
-  int prefill_small_tiles = -1;  // text prefill attention (flash.cuh): key tiles of 32 (1), 64 (0), by smem_per_sm (-1)
-  int prefill_key_tiles = 8;     // text prefill attention: key tiles per block before a cluster split
-  int decode_split_blocks = 0;   // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
-  int decode_cluster = 0;        // decode attention: splits merged in a cluster of up to this many (< 2: off)
-  bool decode_tma = false;       // decode attention: key rounds through TMA where the cache allows (sm_90+)
-  int decode_attention_exit = 0;                // measurement only: CudaBackendOptions::decode_attention_exit
+  bool pdl = false;               // programmatic dependent launch (sm_90+ and enabled)
+  bool clusters = false;          // thread-block clusters for the attention key split (sm_90+ and enabled)
+  bool token_prepare = true;      // text_qkv_prepare: the vectorised kernel for head dims 64 / 128
+  int vision_mt = 2;              // vision attention: 16-row m-tiles per warp (1 or 2)
+  bool vision_wgmma = false;      // vision attention at head dim 64 / 72: the sm_90a warpgroup-MMA kernel
+  bool prefill_wgmma = false;     // text prefill attention at head dim 128, BF16 cache: the sm_90a warpgroup-MMA kernel
+  bool prefill_q_alias = true;    // text prefill attention: Q in a K stage, 3 blocks per SM
+  int prefill_key_tiles = 8;      // text prefill attention: key tiles per block before a cluster split
+  int decode_split_blocks = 0;    // decode attention: at most this many split blocks (0: kDecodeSplitBlocks)
+  int decode_cluster = 0;         // decode attention: splits merged in a cluster of up to this many (< 2: off)
+  bool decode_tma = false;        // decode attention: key rounds through TMA where the cache allows (sm_90+)
+  int decode_attention_exit = 0;  // measurement only: CudaBackendOptions::decode_attention_exit
   unsigned long long* decode_trace = nullptr;   // measurement only: CudaBackendOptions::decode_attention_trace
   const std::vector<SkipRule>* skip = nullptr;  // measurement only: launches left out (null: none)
   int num_sms = 1;
+  // Vision attention through flash.cuh: Q through the K stages (1), not (0), or by smem_per_sm
+  // (-1). Text prefill attention through flash.cuh: key tiles of 32 (1), 64 (0), or by
+  // smem_per_sm (-1). smem_per_sm: shared memory per multiprocessor, the device's or the emulated
+  // one's.
+  int vision_q_through_k = -1;
+  int prefill_small_tiles = -1;
+  int smem_per_sm = 0;
   // Testing only (CudaBackendOptions::emulate_*): the emulated device's opt-in shared memory per
   // block and largest cluster; every launch checks that its dynamic and static shared memory and
   // its cluster fit them (check_emulated_launch). 0: no check.
