@@ -12,29 +12,19 @@
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
+source tools/device/common.sh
 out=${OUT:-/tmp/qvl_out}/ab
-mkdir -p "$out" /tmp/qvl_models
-rounds=$1
-shift
-model() {
-  local name=$1 args="--preset ${1%-fp8}"
-  [[ $name == *-fp8 ]] && args+=" --fp8"
-  [ -d "/tmp/qvl_models/$name" ] || build-dev/qvl gen-model $args --seed 1 --out "/tmp/qvl_models/$name" >/dev/null
+mkdir -p "$out"
+run() {  # run SPEC ROUND
+  local label m args bin
+  IFS='|' read -r label m args bin <<<"$1"
+  # shellcheck disable=SC2086
+  timeout 180 "${bin:-build-dev/qvl}" bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
+    --gen-tokens 64 --batch "${BATCH:-1,8}" $args --out "$out/$label.$2.json" >/dev/null 2>"$out/$label.$2.err" ||
+    { echo "$label round $2 failed:"; tail -3 "$out/$label.$2.err"; }
 }
-for spec in "$@"; do
-  IFS='|' read -r _ m _ <<<"$spec"
-  model "$m"
-done
-for r in $(seq 1 "$rounds"); do
-  for spec in "$@"; do
-    IFS='|' read -r label m args bin <<<"$spec"
-    # shellcheck disable=SC2086
-    timeout 180 "${bin:-build-dev/qvl}" bench --model "/tmp/qvl_models/$m" --backend cuda --image-size 1024x768 --prompt-tokens 24 \
-      --gen-tokens 64 --batch "${BATCH:-1,8}" $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
-      { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
-  done
-done
-python3 - "$out" "$@" <<'EOF'
+ab_rounds "$1" run "${@:2}"
+python3 - "$out" "${@:2}" <<'EOF'
 import json, statistics, sys, glob, os
 out = sys.argv[1]
 for spec in sys.argv[2:]:

@@ -11,27 +11,19 @@
 set -u
 cd "$(dirname "$0")/../.."
 source build-dev/env.sh
+source tools/device/common.sh
 out=${OUT:-/tmp/qvl_out}/abp
-mkdir -p "$out" /tmp/qvl_models
-rounds=$1
-shift
-for spec in "$@"; do
-  IFS='|' read -r _ m _ <<<"$spec"
-  args="--preset ${m%-fp8}"
-  [[ $m == *-fp8 ]] && args+=" --fp8"
+mkdir -p "$out"
+run() {  # run SPEC ROUND
+  local label m p args
+  IFS='|' read -r label m p args <<<"$1"
   # shellcheck disable=SC2086
-  [ -d "/tmp/qvl_models/$m" ] || build-dev/qvl gen-model $args --seed 1 --out "/tmp/qvl_models/$m" >/dev/null 2>&1
-done
-for r in $(seq 1 "$rounds"); do
-  for spec in "$@"; do
-    IFS='|' read -r label m p args <<<"$spec"
-    # shellcheck disable=SC2086
-    timeout 300 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size "${IMAGE:-1024x768}" --prompt-tokens "$p" \
-      --gen-tokens 4 --batch 1 --repeat 1 --profile $args --out "$out/$label.$r.json" >/dev/null 2>"$out/$label.$r.err" ||
-      { echo "$label round $r failed:"; tail -3 "$out/$label.$r.err"; }
-  done
-done
-python3 - "$out" "$@" <<'PY'
+  timeout 300 build-dev/qvl bench --model "/tmp/qvl_models/$m" --backend cuda --image-size "${IMAGE:-1024x768}" \
+    --prompt-tokens "$p" --gen-tokens 4 --batch 1 --repeat 1 --profile $args --out "$out/$label.$2.json" >/dev/null \
+    2>"$out/$label.$2.err" || { echo "$label round $2 failed:"; tail -3 "$out/$label.$2.err"; }
+}
+ab_rounds "$1" run "${@:2}"
+python3 - "$out" "${@:2}" <<'PY'
 import json, statistics, sys, glob, os
 out = sys.argv[1]
 def per_layer(d, name):

@@ -14,12 +14,10 @@ dir=${1:?usage: long_context.sh DIR [PRESETS] [PROMPT TOKENS] [KV DTYPES]}
 presets=${2:-2b,4b-fp8}
 lengths=${3:-4000,16000}
 kvs=${4:-bf16}
-mkdir -p "$dir" /tmp/qvl_models
+source tools/device/common.sh
+mkdir -p "$dir"
 for m in ${presets//,/ }; do
-  args="--preset ${m%-fp8}"
-  [[ $m == *-fp8 ]] && args+=" --fp8"
-  # shellcheck disable=SC2086
-  [ -d "/tmp/qvl_models/$m" ] || build-dev/qvl gen-model $args --seed 1 --out "/tmp/qvl_models/$m" >/dev/null
+  qvl_model "$m"
   for kv in ${kvs//,/ }; do
     for p in ${lengths//,/ }; do
       run="$dir/$m.$p.kv-$kv"
