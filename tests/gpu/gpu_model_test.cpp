@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cli/emulate_gpu.h"
 #include "gpu/gpu_util.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
@@ -111,9 +112,6 @@ TEST(GpuModel, TinyPresetsMatchTheCpuOracle) {
 // presets with an image must match the CPU oracle prefilled whole and one row at a time.
 TEST(GpuModel, ConsumerGpuProfilesMatchTheCpuOracle) {
   QVL_REQUIRE_CUDA();
-  struct Profile {
-    int cc, smem;
-  };
   const CudaDeviceInfo device = cuda_device_info(0).value();
   for (const std::string preset : {"tiny", "tiny-fp8"}) {
     const ModelConfig cfg = preset_config(preset).value();
@@ -123,11 +121,10 @@ TEST(GpuModel, ConsumerGpuProfilesMatchTheCpuOracle) {
     ASSERT_TRUE(c.model);
     const std::vector<float> px = random_values(24 * cfg.vision.patch_dim());
     const std::vector<float> ref = run_image_prompt(*c.model, cfg, 0, px);
-    for (const Profile prof : {Profile{120, 101376}, Profile{89, 101376}, Profile{80, 166912}}) {
-      SCOPED_TRACE(preset + " as sm_" + std::to_string(prof.cc));
+    for (const std::string gpu : {"sm_120", "sm_89", "sm_80"}) {  // their shared memory: parse_emulate_gpu's
+      SCOPED_TRACE(preset + " as " + gpu);
       CudaBackendOptions opt;
-      opt.emulate_compute_capability = prof.cc;
-      opt.emulate_smem_per_block = prof.smem;
+      ASSERT_TRUE(parse_emulate_gpu(gpu, opt).is_ok());
       CudaDeviceInfo as = device;
       if (!apply_emulated_profile(opt, as).is_ok()) {  // e.g. sm_120's paths on an sm_80 device
         EXPECT_FALSE(make_cuda_backend(opt).is_ok());
@@ -135,19 +132,19 @@ TEST(GpuModel, ConsumerGpuProfilesMatchTheCpuOracle) {
       }
       auto be = make_cuda_backend(opt);
       ASSERT_TRUE(be.is_ok()) << be.status().to_string();
-      EXPECT_NE((*be)->name().find("as sm_" + std::to_string(prof.cc)), std::string::npos) << (*be)->name();
+      EXPECT_NE((*be)->name().find("as " + gpu), std::string::npos) << (*be)->name();
       Loaded g = load(**be, dir, cfg);
       ASSERT_TRUE(g.model);
       for (int chunk : {0, 1}) {
         const std::vector<float> got = run_image_prompt(*g.model, cfg, chunk, px);
         EXPECT_TRUE(compare("model logits (3 prefill + 4 decode)",
-                            preset + " as sm_" + std::to_string(prof.cc) + (chunk ? " chunk 1" : " whole prompt"), got,
-                            ref, tol::kGpuModelLogits));
+                            preset + " as " + gpu + (chunk ? " chunk 1" : " whole prompt"), got, ref,
+                            tol::kGpuModelLogits));
       }
       // The decode attention's key rounds by TMA on sm_90+ only (tiny-fp8's head dim 64 takes
       // that kernel; tiny's 32 the generic one).
       const int64_t tma = cuda_fp8_gemm_counts(**be).decode_tma;
-      if (preset == "tiny-fp8" && prof.cc >= 90)
+      if (preset == "tiny-fp8" && opt.emulate_compute_capability >= 90)
         EXPECT_GT(tma, 0);
       else
         EXPECT_EQ(tma, 0);

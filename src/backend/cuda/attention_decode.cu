@@ -871,19 +871,18 @@ int configure_decode_attention(bool clusters, bool non_portable) {
   if (!clusters) return 0;
   // Clusters of up to kMaxClusterSplits splits where the device allows sizes past the portable
   // 8 and can hold one, else 8 where it can hold that, else none (the merge through L2).
+  bool all = false;
   if (non_portable && cudaFuncSetAttribute(decode_kernel<128, false, true, false>,
                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    bool all = decode_cluster_fits(kMaxClusterSplits);
+    all = decode_cluster_fits(kMaxClusterSplits);
     for (auto* k : {decode_kernel<64, false, true, false>, decode_kernel<64, true, true, false>,
                     decode_kernel<128, true, true, false>, decode_kernel<64, false, true, true>,
                     decode_kernel<128, false, true, true>, decode_kernel<64, true, true, true>,
                     decode_kernel<128, true, true, true>})
       all = all && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-    cudaGetLastError();  // a refused non-portable size is not an error here
-    if (all) return kMaxClusterSplits;
   }
-  cudaGetLastError();
-  return decode_cluster_fits(8) ? 8 : 0;
+  cudaGetLastError();  // a refused non-portable size is not an error here
+  return all ? kMaxClusterSplits : decode_cluster_fits(8) ? 8 : 0;
 }
 
 int launch_text_decode_attention(const LaunchContext& ctx, Tensor out, const Tensor& qkv, const TextBatch& batch,

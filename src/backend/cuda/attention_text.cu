@@ -419,9 +419,8 @@ void run_prefill(const LaunchContext& ctx, const PagedParams& prm, int num_token
   // By default the small tiles where a multiprocessor holds one block of the 64-key layout (Q in
   // a K stage) but two of theirs.
   const bool small =
-      ctx.prefill_small_tiles > 0 ||
-      (ctx.prefill_small_tiles < 0 && blocks_by_smem(ctx.smem_per_sm, prefill_smem<HD, kFp8Kv, true, false>()) < 2 &&
-       blocks_by_smem(ctx.smem_per_sm, prefill_smem<HD, kFp8Kv, false, true>()) >= 2);
+      take_compact_layout(ctx.prefill_small_tiles, ctx.smem_per_sm, prefill_smem<HD, kFp8Kv, true, false>(),
+                          prefill_smem<HD, kFp8Kv, false, true>());
   if (small)
     run_prefill_qa<HD, kFp8Kv, false, true>(ctx, prm, num_tokens, split, scale);
   else if (ctx.prefill_q_alias)

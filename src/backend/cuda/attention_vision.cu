@@ -87,9 +87,8 @@ template <int HD>
 void run(const LaunchContext& ctx, const typename SegmentPolicy<HD>::Params& prm, unsigned tiles, float scale) {
   // By default Q takes the K stages where a multiprocessor's shared memory holds one block of the
   // other layout but two of this one (100 KB: sm_86 / 89 / 120), so 8 warps share it, not 4.
-  const bool qk = ctx.vision_q_through_k > 0 ||
-                  (ctx.vision_q_through_k < 0 && blocks_by_smem(ctx.smem_per_sm, smem_bytes<HD, 2, false>()) < 2 &&
-                   blocks_by_smem(ctx.smem_per_sm, smem_bytes<HD, 2, true>()) >= 2);
+  const bool qk = take_compact_layout(ctx.vision_q_through_k, ctx.smem_per_sm, smem_bytes<HD, 2, false>(),
+                                      smem_bytes<HD, 2, true>());
   if (ctx.vision_mt == 1)
     qk ? run_mt<HD, 1, true>(ctx, prm, tiles, scale) : run_mt<HD, 1, false>(ctx, prm, tiles, scale);
   else

@@ -28,6 +28,7 @@
 // KV of other engines); attention widens them back exactly.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -408,6 +409,11 @@ inline Status apply_emulated_profile(const CudaBackendOptions& o, CudaDeviceInfo
 // 102,400).
 inline constexpr int kReservedSmemPerBlock = 1024;
 
+// Blocks of `smem` bytes of shared memory (dynamic and static) that `smem_per_sm` holds.
+inline int blocks_by_smem(int smem_per_sm, size_t smem) {
+  return static_cast<int>(static_cast<size_t>(smem_per_sm) / (smem + kReservedSmemPerBlock));
+}
+
 // Threads a multiprocessor holds at compute capability cc (sm_80 and newer).
 inline int threads_per_sm(int cc) {
   return cc == 80 || cc == 90 || cc / 10 == 10 ? 2048 : 1536;
@@ -421,13 +427,11 @@ inline int threads_per_sm(int cc) {
 // (else `smem`). 0 where the emulated device holds no such block at all.
 inline size_t emulated_occupancy_smem(size_t smem, size_t static_smem, int threads, int emulated_smem_per_sm,
                                       int emulated_threads_per_sm, int device_smem_per_sm) {
-  const size_t block = smem + static_smem + kReservedSmemPerBlock;
-  const size_t by_smem = static_cast<size_t>(emulated_smem_per_sm) / block;
-  const size_t by_threads = threads > 0 ? static_cast<size_t>(emulated_threads_per_sm / threads) : 0;
-  const size_t fit = by_smem < by_threads ? by_smem : by_threads;
-  if (fit == 0) return 0;
-  if (static_cast<size_t>(device_smem_per_sm) / block <= fit) return smem;  // no more of them there anyway
-  return static_cast<size_t>(device_smem_per_sm) / fit - kReservedSmemPerBlock - static_smem;
+  const int by_threads = threads > 0 ? emulated_threads_per_sm / threads : 0;
+  const int fit = std::min(blocks_by_smem(emulated_smem_per_sm, smem + static_smem), by_threads);
+  if (fit <= 0) return 0;
+  if (blocks_by_smem(device_smem_per_sm, smem + static_smem) <= fit) return smem;  // no more of them there anyway
+  return static_cast<size_t>(device_smem_per_sm / fit - kReservedSmemPerBlock) - static_smem;
 }
 
 // Peak DRAM bandwidth in GB/s from the device's memory clock and bus width (double data rate;

@@ -67,9 +67,12 @@ struct LaunchContext;
 size_t check_emulated_launch(const LaunchContext& ctx, const char* name, const void* kernel, size_t smem,
                              unsigned cluster_x, unsigned threads);
 
-// Blocks of `smem` bytes of shared memory that `smem_per_sm` holds (kReservedSmemPerBlock: cuda_backend.h).
-inline int blocks_by_smem(int smem_per_sm, size_t smem) {
-  return static_cast<int>(static_cast<size_t>(smem_per_sm) / (smem + kReservedSmemPerBlock));
+// A flash.cuh layout choice (LaunchContext::vision_q_through_k, prefill_small_tiles): 1 takes the
+// compact layout of `compact` bytes a block, 0 the usual one of `usual`, and -1 the compact one
+// where smem_per_sm holds one block of the usual layout but two of it.
+inline bool take_compact_layout(int setting, int smem_per_sm, size_t usual, size_t compact) {
+  return setting > 0 ||
+         (setting < 0 && blocks_by_smem(smem_per_sm, usual) < 2 && blocks_by_smem(smem_per_sm, compact) >= 2);
 }
 // Parses "name[@grid_x],..." (empty: none).
 std::vector<SkipRule> parse_skip_rules(const std::string& spec);

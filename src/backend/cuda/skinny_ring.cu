@@ -309,17 +309,21 @@ template void launch_ring<false>(const LaunchContext&, const SkinnyParams&, Skin
 namespace qvl::cuda {
 
 int ring_smem_budget(int smem_optin) {
-  int static_bytes = 0;
-  for (const void* k : {(const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kNone>,
-                        (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kRmsNorm>,
-                        (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kSiluMul>,
-                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kNone>,
-                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kRmsNorm>,
-                        (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kSiluMul>}) {
-    cudaFuncAttributes a{};
-    QVL_CUDA_CHECK(cudaFuncGetAttributes(&a, k));
-    static_bytes = std::max(static_bytes, static_cast<int>(a.sharedSizeBytes));
-  }
+  // The kernels' static shared memory is their source's, the same on every device: read once.
+  static const int static_bytes = [] {
+    int most = 0;
+    for (const void* k : {(const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kNone>,
+                          (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kRmsNorm>,
+                          (const void*)skinny::skinny_ring_kernel<true, SkinnyPrologue::kSiluMul>,
+                          (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kNone>,
+                          (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kRmsNorm>,
+                          (const void*)skinny::skinny_ring_kernel<false, SkinnyPrologue::kSiluMul>}) {
+      cudaFuncAttributes a{};
+      QVL_CUDA_CHECK(cudaFuncGetAttributes(&a, k));
+      most = std::max(most, static_cast<int>(a.sharedSizeBytes));
+    }
+    return most;
+  }();
   return std::clamp(smem_optin - static_bytes, 0, skinny::kRingSmemMax);
 }
 
